@@ -1,0 +1,46 @@
+"""One error module: every error is named by the boundary it crossed.
+
+Invariant: an error that reaches a user says what went wrong *and* what to do about it.
+Failed rollouts are records (see :class:`clawgym_env.capture.records.EpisodeRecord`), not
+exceptions: these errors are raised for bad input and broken infrastructure only.
+"""
+
+from __future__ import annotations
+
+
+class ClawGymError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class TaskError(ClawGymError):
+    """A task or suite could not be loaded or is malformed (names the file and the problem)."""
+
+
+class SandboxError(ClawGymError):
+    """A sandbox could not be created, used or destroyed (infrastructure, not the agent's fault)."""
+
+
+class HarnessError(ClawGymError):
+    """A harness adapter could not be installed, configured or launched."""
+
+
+class ProxyError(ClawGymError):
+    """The serving proxy could not start, or a request to it was malformed.
+
+    ``status`` is the HTTP status the proxy answers with; ``field`` names the offending request field.
+    """
+
+    def __init__(self, message: str, *, status: int = 400, field: str | None = None,
+                 code: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.field = field
+        self.code = code
+
+
+class PolicyError(ClawGymError):
+    """A policy backend could not be built or failed to generate."""
+
+
+class RegistrationError(ClawGymError):
+    """An unknown environment, harness, suite or policy name (lists close names)."""

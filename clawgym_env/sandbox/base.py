@@ -1,0 +1,106 @@
+"""The sandbox seam: create with a workspace → exec → read/write files → destroy.
+
+Every backend (bubblewrap namespaces, Docker) implements :class:`Sandbox`. A sandbox is a context
+manager; ``__enter__`` starts it inside ``try`` and cleans up whatever was created if the start
+fails; ``close()`` is idempotent.
+
+Inside every sandbox:
+  * ``spec.workspace_target`` (an absolute path such as ``/root/.openclaw/workspace``) is the host
+    folder ``spec.workspace_host``, writable, and the only host folder that is;
+  * ``HOME`` (``spec.home``) and ``/tmp`` are private and writable and vanish with the sandbox;
+  * the host toolchain (``spec.ro_paths``) is visible read-only at the same paths;
+  * there is no network at all, except that when ``spec.proxy_socket`` is set, a TCP listener on
+    ``127.0.0.1:spec.proxy_port`` relays every connection to that host unix socket (the proxy).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+DEFAULT_PROXY_PORT = 18080
+
+
+@dataclasses.dataclass
+class SandboxLimits:
+    """Resource limits. ``None`` means no limit. Backends enforce what they can and report it."""
+
+    memory_mb: int | None = 4096
+    max_procs: int | None = 512
+    cpu_s: int | None = None
+    open_files: int | None = 4096
+
+
+@dataclasses.dataclass
+class SandboxSpec:
+    workspace_host: Path
+    workspace_target: str = "/root/.openclaw/workspace"
+    home: str = "/root"
+    ro_paths: list[Path] = dataclasses.field(default_factory=lambda: host_toolchain_paths())
+    extra_binds: list[tuple[Path, str, bool]] = dataclasses.field(default_factory=list)
+    """(host path, path inside, writable) extra bind mounts."""
+    proxy_socket: Path | None = None
+    proxy_port: int = DEFAULT_PROXY_PORT
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    limits: SandboxLimits = dataclasses.field(default_factory=SandboxLimits)
+    unprivileged: bool = True
+    """Run as a non-root user (uid 1000) inside, where the backend can."""
+
+
+@dataclasses.dataclass
+class ExecResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+class Sandbox(abc.ABC):
+    """A running sandbox. Use as ``with backend(spec) as sb: sb.exec([...])``."""
+
+    spec: SandboxSpec
+
+    @abc.abstractmethod
+    def __enter__(self) -> "Sandbox": ...
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @abc.abstractmethod
+    def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+             timeout: float | None = None, stdin: bytes | None = None) -> ExecResult:
+        """Run ``argv`` inside the sandbox and wait for it (killing the whole process tree on timeout)."""
+
+    @abc.abstractmethod
+    def read_file(self, path: str) -> bytes:
+        """Read a file by its path inside the sandbox."""
+
+    @abc.abstractmethod
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        """Write a file by its path inside the sandbox (parents created)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Destroy the sandbox and everything it created. Idempotent."""
+
+
+def host_toolchain_paths() -> list[Path]:
+    """Host paths a harness needs read-only: system dirs, this Python, and this project's source."""
+    paths = {Path(p) for p in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc", "/opt")}
+    paths.add(Path(sys.base_prefix).resolve())
+    paths.add(Path(sys.prefix).resolve())
+    import clawgym_env  # the project's own source (editable installs live outside site-packages)
+
+    paths.add(Path(clawgym_env.__file__).resolve().parent.parent)
+    extra = os.environ.get("CLAWGYM_SANDBOX_RO_PATHS", "")
+    paths.update(Path(p) for p in extra.split(os.pathsep) if p)
+    return sorted(p for p in paths if p.exists())

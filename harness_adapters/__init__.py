@@ -1,0 +1,1 @@
+"""Harness adapters, one package per harness (``harness_adapters.<name>`` exports ``Adapter``)."""

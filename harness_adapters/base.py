@@ -1,0 +1,65 @@
+"""The harness seam: how to install a harness, launch it for a task against an endpoint, and read
+its final answer. Harnesses are black boxes: they speak to the serving proxy over HTTP only.
+
+An adapter never runs anything itself; it describes a launch (:class:`LaunchSpec`) that the
+episode runner executes inside a sandbox, and it interprets the finished process's output.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from pathlib import Path
+
+from tasks.base import Task
+
+
+@dataclasses.dataclass
+class Endpoint:
+    """Where the harness reaches the model, as seen from inside the sandbox."""
+
+    base_url: str  # e.g. http://127.0.0.1:18080/ep/<token>/v1
+    api_key: str   # the episode token (harnesses need *some* key)
+    model: str = "clawgym-policy"
+
+    @property
+    def root_url(self) -> str:
+        """The base URL without the trailing ``/v1`` (Anthropic-style clients add it themselves)."""
+        return self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+
+
+@dataclasses.dataclass
+class LaunchSpec:
+    argv: list[str]
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    files: dict[str, str | bytes] = dataclasses.field(default_factory=dict)
+    """Files to write inside the sandbox before launch (path inside → content), e.g. configs in HOME."""
+    cwd: str | None = None
+
+
+@dataclasses.dataclass
+class HarnessOutput:
+    final_message: str | None
+    transcript: list[dict] = dataclasses.field(default_factory=list)
+
+
+class HarnessAdapter(abc.ABC):
+    """One per harness package: ``harness_adapters.<name>`` exports exactly one subclass as ``Adapter``."""
+
+    name: str = "harness"
+    dialect: str = "openai_chat"
+
+    def install(self, cache_dir: Path | None = None) -> None:
+        """Install the harness (idempotent). The reference harness needs nothing."""
+
+    def ro_paths(self) -> list[Path]:
+        """Extra host paths the harness needs read-only inside the sandbox (its install dir)."""
+        return []
+
+    @abc.abstractmethod
+    def launch(self, task: Task, endpoint: Endpoint, *, home: str) -> LaunchSpec:
+        """Describe how to start the harness on ``task`` (cwd = the task's workspace)."""
+
+    @abc.abstractmethod
+    def read_output(self, stdout: str, stderr: str) -> HarnessOutput:
+        """The final answer (None if the harness gave none) from the finished process's output."""

@@ -1,0 +1,1 @@
+"""Evaluation runs, Pass@k, tables and pages."""

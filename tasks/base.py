@@ -1,0 +1,90 @@
+"""Tasks and suites.
+
+A :class:`Task` is one thing to do in one workspace, graded by a verifier. It is loaded from the
+ClawGym task-dir format (see :mod:`tasks.taskdir`):
+
+    task_dir/
+      data_entry.json   {"task_id", "user_query", "input_mount_dir", "metadata"}
+      input_files/      copied verbatim into the workspace (optional)
+      reward/           reward.sh (+ check.py …); last stdout line of reward.sh is a float in [0, 1]
+      expert.json       (optional, this project's extension) the scripted expert's steps
+
+Invariants: ``mount_dir`` is absolute (the workspace's path inside the sandbox, for the agent and
+the verifier alike); ``reward_dir`` holds ``reward.sh`` when set; the agent never sees ``reward/``
+or ``expert.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class TaskLimits(BaseModel):
+    timeout_s: float = 600.0
+    """Wall-clock limit of the agent's episode."""
+    max_turns: int = 30
+    """Turn limit for harnesses that take one (the reference harness ``mini``)."""
+    reward_timeout_s: float = 120.0
+
+
+class Task(BaseModel):
+    id: str
+    instruction: str
+    mount_dir: str = "/root/.openclaw/workspace"
+    suite: str | None = None
+    task_dir: Path | None = None
+    input_dir: Path | None = None
+    reward_dir: Path | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    limits: TaskLimits = Field(default_factory=TaskLimits)
+
+    @property
+    def full_id(self) -> str:
+        return f"{self.suite}/{self.id}" if self.suite else self.id
+
+    @property
+    def expert_path(self) -> Path | None:
+        """The scripted expert's steps for this task, if the task ships them."""
+        if self.task_dir is None:
+            return None
+        p = Path(self.task_dir) / "expert.json"
+        return p if p.exists() else None
+
+    @property
+    def grading_type(self) -> str:
+        return str(self.metadata.get("grading_type") or "automated")
+
+
+class TaskLoadIssue(BaseModel):
+    """A task dir in a suite that could not be loaded (the suite still loads the others)."""
+
+    path: str
+    error: str
+
+
+class Suite(BaseModel):
+    name: str
+    root: Path | None = None
+    tasks: list[Task] = Field(default_factory=list)
+    issues: list[TaskLoadIssue] = Field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __iter__(self):  # type: ignore[override]
+        return iter(self.tasks)
+
+    def get(self, task_id: str) -> Task:
+        from clawgym_env.errors import TaskError
+
+        for t in self.tasks:
+            if t.id == task_id:
+                return t
+        import difflib
+
+        close = difflib.get_close_matches(task_id, [t.id for t in self.tasks], n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; `clawgym tasks list --suite {self.name}` lists them"
+        raise TaskError(f"no task {task_id!r} in suite {self.name!r}{hint}")

@@ -1,0 +1,1 @@
+"""Reference trainers over call trees (GRPO, PPO with a critic)."""
