@@ -23,11 +23,17 @@ from pydantic import BaseModel, Field
 
 
 class TaskLimits(BaseModel):
-    timeout_s: float = 600.0
+    """Per-task limits; a task dir may override any of them in ``data_entry.json["limits"]``.
+
+    Invariant: every limit is strictly positive.
+    """
+
+    timeout_s: float = Field(default=600.0, gt=0)
     """Wall-clock limit of the agent's episode."""
-    max_turns: int = 30
+    max_turns: int = Field(default=30, gt=0)
     """Turn limit for harnesses that take one (the reference harness ``mini``)."""
-    reward_timeout_s: float = 120.0
+    reward_timeout_s: float = Field(default=120.0, gt=0)
+    """Wall-clock limit of the verifier (``reward/reward.sh``)."""
 
 
 class Task(BaseModel):
@@ -40,6 +46,8 @@ class Task(BaseModel):
     reward_dir: Path | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     limits: TaskLimits = Field(default_factory=TaskLimits)
+    notes: list[str] = Field(default_factory=list)
+    """Non-fatal observations made while loading (e.g. the task_id differs from the folder name)."""
 
     @property
     def full_id(self) -> str:
@@ -83,8 +91,14 @@ class Suite(BaseModel):
         for t in self.tasks:
             if t.id == task_id:
                 return t
+        for t in self.tasks:  # a task dir whose folder name differs from its task_id
+            if t.task_dir is not None and Path(t.task_dir).name == task_id:
+                return t
         import difflib
 
+        for issue in self.issues:
+            if Path(issue.path).name == task_id:
+                raise TaskError(f"task {task_id!r} in suite {self.name!r} could not be loaded: {issue.error}")
         close = difflib.get_close_matches(task_id, [t.id for t in self.tasks], n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else f"; `clawgym tasks list --suite {self.name}` lists them"
         raise TaskError(f"no task {task_id!r} in suite {self.name!r}{hint}")

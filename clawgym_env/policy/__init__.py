@@ -1,5 +1,62 @@
-"""Policy backends behind the serving proxy (token ids in → token ids + logprobs out)."""
+"""Policy backends behind the serving proxy (token ids in → token ids + logprobs out).
 
+:func:`make_policy` builds one from a spec string. Backends are imported lazily, so importing this
+package needs neither torch nor a model.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
 
-__all__ = ["Generation", "GenerationContext", "PolicyBackend", "SamplingParams"]
+__all__ = ["Generation", "GenerationContext", "PolicyBackend", "SamplingParams", "make_policy", "POLICY_SPECS"]
+
+POLICY_SPECS = (
+    "scripted:expert | scripted:wrong | scripted:noop | scripted:file:PATH  (scripted policies)",
+    "transformers:MODEL_DIR, or a bare model directory  (a local Hugging Face causal LM)",
+    "tiny  (a tiny random-init Qwen3 built in-process, for demos and tests)",
+)
+
+
+def make_policy(spec: str, **kwargs: Any) -> PolicyBackend:
+    """Build a policy from ``spec`` (see :data:`POLICY_SPECS`); ``kwargs`` go to the backend.
+
+    ``scripted:*`` takes ``tokenizer``, ``think``; ``transformers:DIR`` takes ``device``, ``dtype``,
+    ``tokenizer``; ``tiny`` takes ``tokenizer``, ``device`` and :func:`build_tiny_qwen3`'s arguments.
+    Raises :class:`PolicyError` for an unknown or not-yet-supported spec.
+    """
+    spec = (spec or "").strip()
+    if spec == "scripted" or spec.startswith("scripted:"):
+        from clawgym_env.policy.scripted import ScriptedPolicy
+
+        mode = spec.partition(":")[2] or "expert"
+        return ScriptedPolicy(mode, **kwargs)
+    if spec.startswith(("http://", "https://")):
+        raise PolicyError(f"remote inference servers ({spec}) arrive with the vLLM backend, which is not "
+                          "available yet; use a local policy: " + "; ".join(POLICY_SPECS))
+    if spec == "tiny":
+        from clawgym_env.policy.tiny import build_tiny_qwen3
+        from clawgym_env.policy.tokenizer import load_tokenizer
+        from clawgym_env.policy.transformers_backend import TransformersPolicy
+
+        tokenizer = kwargs.pop("tokenizer", None) or load_tokenizer()
+        device = kwargs.pop("device", None)
+        build_args = set(inspect.signature(build_tiny_qwen3).parameters)
+        unknown = sorted(set(kwargs) - build_args)
+        if unknown:
+            raise PolicyError(f"policy 'tiny' does not take {unknown}; it takes tokenizer, device, "
+                              f"{', '.join(sorted(build_args - {'tokenizer'}))}")
+        model = build_tiny_qwen3(tokenizer=tokenizer, **kwargs)
+        return TransformersPolicy(model, tokenizer, device=device, name="tiny")
+    model_dir = spec[len("transformers:"):] if spec.startswith("transformers:") else None
+    if model_dir is None and spec and Path(spec).expanduser().is_dir():
+        model_dir = spec
+    if model_dir:
+        from clawgym_env.policy.transformers_backend import TransformersPolicy
+
+        return TransformersPolicy.from_pretrained(Path(model_dir).expanduser(), **kwargs)
+    raise PolicyError(f"unknown policy {spec!r}; accepted forms: " + "; ".join(POLICY_SPECS))

@@ -121,8 +121,10 @@ def new_call_id() -> str:
 
 def parse_assistant(text: str) -> ParsedAssistant:
     """Split sampled text into reasoning, content and tool calls (invalid tool JSON stays content)."""
-    if text.endswith(IM_END):
-        text = text[: -len(IM_END)]
+    for tail in (IM_END, "<|endoftext|>"):  # either end-of-turn token may close a sample
+        if text.endswith(tail):
+            text = text[: -len(tail)]
+            break
     reasoning = None
     m = _THINK_RE.match(text) if "</think>" in text else None
     if m:

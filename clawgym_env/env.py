@@ -1,0 +1,92 @@
+"""The Gymnasium environment: one ``step`` is one whole sandboxed harness episode.
+
+``reset(seed, options)`` picks a task — ``options={"task_id": "..."}`` or by seed from the suite —
+and returns it as the observation. ``step(action)`` runs the harness on it against the policy
+chosen at ``make`` time and returns the episode (captured calls with token ids, final message),
+the reward in [0, 1], ``terminated=True`` (``truncated=True`` when the harness timed out) and an
+``info`` with the status, sub-scores, timings and the full records. Spaces: :mod:`clawgym_env.spaces`.
+
+Several envs can share one :class:`~clawgym_env.runtime.Runtime` (``runtime=``) to run episodes
+concurrently against a single policy; see also :class:`~clawgym_env.runtime.RolloutPool`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from clawgym_env import spaces as cg_spaces
+from clawgym_env.errors import TaskError
+from clawgym_env.policy import PolicyBackend
+from clawgym_env.runtime import Runtime
+
+
+class ClawGymEnv(gym.Env):
+    metadata = {"render_modes": []}
+
+    def __init__(self, harness: str = "mini", policy: PolicyBackend | str = "scripted:expert", suite: str = "builtin",
+                 *, runtime: Runtime | None = None, sandbox: str = "bwrap", out_dir: str | Path | None = None,
+                 harness_options: dict[str, Any] | None = None, task_ids: list[str] | None = None) -> None:
+        from harness_adapters.registry import get_adapter
+        from tasks import load_suite
+
+        self.adapter = get_adapter(harness, **(harness_options or {}))
+        self.suite = load_suite(suite)
+        tasks = list(self.suite.tasks)
+        if task_ids:
+            tasks = [self.suite.get(t) for t in task_ids]
+        if not tasks:
+            raise TaskError(f"suite {self.suite.name!r} has no loadable task")
+        self.tasks = tasks
+        self._owns_runtime = runtime is None
+        self.runtime = runtime or Runtime(policy, sandbox=sandbox, out_dir=out_dir)
+        vocab = int(getattr(self.runtime.policy, "vocab_size", 0) or len(self.runtime.policy.tokenizer))
+        self.observation_space = cg_spaces.observation_space(vocab)
+        self.action_space = cg_spaces.action_space()
+        self._task = None
+        self.last_result = None
+
+    def _obs(self, task, result=None) -> dict[str, Any]:
+        calls = ()
+        status = final = ""
+        if result is not None:
+            calls = tuple({"prompt_token_ids": np.asarray(c.prompt_token_ids, dtype=np.int64),
+                           "output_token_ids": np.asarray(c.output_token_ids, dtype=np.int64),
+                           "output_logprobs": np.minimum(np.asarray(c.output_logprobs, dtype=np.float32), 0.0)}
+                          for c in result.calls)
+            status, final = result.record.status, cg_spaces.clean_text(result.record.final_message)
+        return {"task_id": cg_spaces.clean_text(task.full_id), "instruction": cg_spaces.clean_text(task.instruction),
+                "status": status, "final_message": final, "calls": calls}
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        if options.get("task_id"):
+            tid = str(options["task_id"]).split("/")[-1]
+            self._task = self.suite.get(tid)
+        else:
+            self._task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        self.last_result = None
+        return self._obs(self._task), {"task": self._task.model_dump(mode="json")}
+
+    def step(self, action: dict[str, Any] | None):
+        if self._task is None:
+            raise gym.error.ResetNeeded("call reset() before step()")
+        sampling, version = cg_spaces.action_to_sampling(action)
+        result = self.runtime.run(self._task, self.adapter, sampling=sampling, policy_version=version)
+        self.last_result = result
+        rec = result.record
+        info = {"status": rec.status, "subscores": dict(rec.subscores), "timings": dict(rec.timings),
+                "episode": rec.model_dump(mode="json"), "calls": [c.model_dump(mode="json") for c in result.calls],
+                "is_infra_failure": rec.is_infra_failure}
+        truncated = rec.status == "timeout"
+        obs = self._obs(self._task, result)
+        self._task = None
+        return obs, float(rec.reward), not truncated, truncated, info
+
+    def close(self) -> None:
+        if self._owns_runtime and getattr(self, "runtime", None) is not None:
+            self.runtime.close()

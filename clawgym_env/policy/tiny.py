@@ -1,0 +1,80 @@
+"""A tiny random-init Qwen3 for tests and demos: the real architecture, tokenizer and ids, no weights.
+
+Invariants: the model is a ``Qwen3ForCausalLM`` whose embedding covers the real Qwen3 tokenizer
+(``vocab_size`` is ``len(tokenizer)`` rounded up to a multiple of 128; the extra rows are padding no
+backend samples); its special ids are the tokenizer's (``eos`` = ``<|im_end|>``, ``bos``/``pad`` =
+``<|endoftext|>``); equal arguments give bit-identical weights, and building it leaves the global
+torch RNG untouched. It builds in seconds on a CPU and its output is random text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clawgym_env.errors import PolicyError
+
+VOCAB_MULTIPLE = 128
+
+
+def round_vocab(n: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    """``n`` rounded up to a multiple of ``multiple`` (embedding sizes friendly to matmul kernels)."""
+    return ((int(n) + multiple - 1) // multiple) * multiple
+
+
+def tiny_qwen3_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, heads: int = 4, kv_heads: int = 2,
+                      intermediate: int = 128, max_position_embeddings: int = 32768):
+    """The ``Qwen3Config`` of :func:`build_tiny_qwen3`."""
+    from transformers import Qwen3Config
+
+    if hidden_size % heads:
+        raise PolicyError(f"hidden_size {hidden_size} is not a multiple of heads {heads}")
+    if heads % kv_heads:
+        raise PolicyError(f"heads {heads} is not a multiple of kv_heads {kv_heads}")
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    endoftext = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    return Qwen3Config(
+        vocab_size=round_vocab(len(tokenizer)),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden_size // heads,
+        max_position_embeddings=max_position_embeddings,
+        max_window_layers=num_layers,
+        tie_word_embeddings=True,
+        bos_token_id=endoftext,
+        eos_token_id=im_end,
+        pad_token_id=endoftext,
+    )
+
+
+def build_tiny_qwen3(tokenizer=None, hidden_size: int = 64, num_layers: int = 2, heads: int = 4,
+                     kv_heads: int = 2, intermediate: int = 128, seed: int = 0,
+                     save_dir: str | Path | None = None):
+    """Build a random-init ``Qwen3ForCausalLM`` (eval mode, float32, CPU).
+
+    ``tokenizer``: the Qwen3 tokenizer (default: the project's). With ``save_dir`` the model and the
+    tokenizer are written there by ``save_pretrained``, so ``TransformersPolicy.from_pretrained(save_dir)``
+    loads the same model back.
+    """
+    try:
+        import torch
+        from transformers import Qwen3ForCausalLM
+    except ImportError as exc:  # pragma: no cover - optional dependency
+        raise PolicyError("the tiny Qwen3 needs PyTorch: pip install 'clawgym[torch]'") from exc
+    if tokenizer is None:
+        from clawgym_env.policy.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer()
+    config = tiny_qwen3_config(tokenizer, hidden_size, num_layers, heads, kv_heads, intermediate)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = Qwen3ForCausalLM(config)
+    model = model.to(torch.float32).eval()
+    if save_dir is not None:
+        out = Path(save_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(out))
+        tokenizer.save_pretrained(str(out))
+    return model

@@ -1,0 +1,265 @@
+"""Episodes (the registry behind ``/ep/<token>/``) and the dialect-neutral call pipeline.
+
+Invariants:
+  * A token is ``secrets.token_urlsafe(24)``; it is the only key to an episode. Once closed, a token
+    is unknown forever (tokens are never reused) and its episode accepts no more records.
+  * ``EpisodeSession.calls`` is append-only, in completion order, ``calls[i].call_index == i``;
+    appends happen under the session's lock, so concurrent calls of one episode are safe.
+  * :func:`run_turn` records exactly the ids the policy was given and the (possibly cut) ids it
+    sampled; the returned text is the decoding of those ids, so ``decode(output_token_ids)`` is what
+    the client receives. Cutting (max_tokens, stop strings) only ever removes a suffix.
+  * The dialect module never touches the policy or the records: it parses a request into a
+    :class:`TurnRequest` and renders a :class:`TurnResult`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import threading
+import time
+import uuid
+from typing import Any
+
+from clawgym_env.capture.records import CallRecord
+from clawgym_env.errors import PolicyError, ProxyError
+from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
+from clawgym_env.policy.chat_format import normalize_messages, render_prompt_ids
+from clawgym_env.proxy.streaming import Segmentation, segment, stop_cut, token_bytes, token_pieces
+
+SAMPLING_OVERRIDE_KEYS = ("temperature", "top_p", "max_tokens", "stop", "seed")
+_SECRET_HEADERS = {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie", "set-cookie"}
+_SECRET_WORDS = ("key", "token", "secret", "auth", "password")
+
+
+def redact_headers(headers: Any) -> dict[str, str]:
+    """Request headers worth keeping, with credential-like values replaced by ``"<redacted>"``."""
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        low = name.lower()
+        if low in _SECRET_HEADERS or any(w in low for w in _SECRET_WORDS):
+            out[low] = "<redacted>"
+        elif low not in ("content-length", "connection", "host"):
+            out[low] = value
+    return out
+
+
+class EpisodeSession:
+    """One episode's view of the proxy: its token, its overrides and its recorded calls."""
+
+    def __init__(self, episode_id: str, *, task: Any = None, harness: str | None = None,
+                 sampling: dict[str, Any] | None = None, policy_version: int | None = None) -> None:
+        unknown = sorted(set(sampling or {}) - set(SAMPLING_OVERRIDE_KEYS))
+        if unknown:
+            raise ProxyError(f"unknown sampling override(s) {unknown}; allowed: {list(SAMPLING_OVERRIDE_KEYS)}",
+                             field="sampling")
+        for key in ("temperature", "top_p", "max_tokens"):
+            value = (sampling or {}).get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or value < 0 or (key == "max_tokens" and int(value) < 1)):
+                raise ProxyError(f"sampling override {key}={value!r} must be a non-negative number "
+                                 "(max_tokens at least 1)", field=f"sampling.{key}")
+        self.episode_id = episode_id
+        self.token = secrets.token_urlsafe(24)
+        self.task = task
+        self.harness = harness
+        self.sampling_overrides: dict[str, Any] = dict(sampling or {})
+        self.policy_version = policy_version
+        self.calls: list[CallRecord] = []
+        self.closed = False
+        self.created_at = time.time()
+        self._lock = threading.Lock()
+
+    def base_url(self, host_url: str) -> str:
+        """The OpenAI-style base URL a harness should use, e.g. ``http://127.0.0.1:PORT/ep/<tok>/v1``."""
+        return f"{host_url.rstrip('/')}/ep/{self.token}/v1"
+
+    def append(self, record: CallRecord) -> bool:
+        """Record a call (its ``call_index`` is set here). False if the episode is already closed."""
+        with self._lock:
+            if self.closed:
+                return False
+            record.call_index = len(self.calls)
+            self.calls.append(record)
+            return True
+
+    def close(self) -> list[CallRecord]:
+        with self._lock:
+            self.closed = True
+            return list(self.calls)
+
+
+class SessionRegistry:
+    """Thread-safe map token → open :class:`EpisodeSession`."""
+
+    def __init__(self) -> None:
+        self._by_token: dict[str, EpisodeSession] = {}
+        self._lock = threading.Lock()
+
+    def open(self, episode_id: str | None = None, **kwargs: Any) -> EpisodeSession:
+        session = EpisodeSession(episode_id or "ep-" + uuid.uuid4().hex[:12], **kwargs)
+        with self._lock:
+            if any(s.episode_id == session.episode_id for s in self._by_token.values()):
+                raise ProxyError(f"episode {session.episode_id!r} is already open; close it first or pick "
+                                 "another id", field="episode_id", code="duplicate_episode")
+            self._by_token[session.token] = session
+        return session
+
+    def get(self, token: str) -> EpisodeSession | None:
+        with self._lock:
+            return self._by_token.get(token)
+
+    def close(self, token: str) -> list[CallRecord]:
+        with self._lock:
+            session = self._by_token.pop(token, None)
+        if session is None:
+            raise ProxyError("unknown or already closed episode token", status=404, code="episode_not_found")
+        return session.close()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_token)
+
+
+@dataclasses.dataclass
+class TurnRequest:
+    """A chat request reduced to what the pipeline needs (OpenAI-chat message shape)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]  # offered to the template (already empty for tool_choice "none")
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] = dataclasses.field(default_factory=list)
+    seed: int | None = None
+    stream: bool = False
+    include_usage: bool = False
+    want_logprobs: bool = False
+    model: str | None = None
+    enable_thinking: bool | None = None
+
+
+@dataclasses.dataclass
+class TurnMeta:
+    """Where the request came from (goes into the record verbatim)."""
+
+    dialect: str
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    started_at: float
+
+
+@dataclasses.dataclass
+class TurnResult:
+    request: TurnRequest
+    record: CallRecord
+    pieces: list[str]  # one text piece per recorded output token
+    seg: Segmentation
+    message: dict[str, Any]  # the assistant message, OpenAI chat shape (tool-call ids included)
+    finish_reason: str  # "stop" | "length" | "tool_calls"
+    logprobs: list[float]
+    token_bytes: list[bytes] | None = None  # per output token, only when the request asked for logprobs
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.record.prompt_token_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.record.output_token_ids)
+
+
+@dataclasses.dataclass
+class Limits:
+    max_context: int = 32768
+    default_max_tokens: int = 4096
+
+
+def resolve_sampling(req: TurnRequest, overrides: dict[str, Any], prompt_len: int, limits: Limits) -> SamplingParams:
+    """Request values, replaced by the episode's overrides; max_tokens also capped by the context."""
+    max_tokens = req.max_tokens or limits.default_max_tokens
+    if overrides.get("max_tokens") is not None:
+        max_tokens = min(max_tokens, int(overrides["max_tokens"]))
+    max_tokens = max(1, min(max_tokens, limits.max_context - prompt_len))
+
+    def pick(key: str, requested: Any, default: Any) -> Any:
+        if overrides.get(key) is not None:
+            return overrides[key]
+        return default if requested is None else requested
+
+    stop = pick("stop", req.stop or None, [])
+    return SamplingParams(max_tokens=max_tokens, temperature=float(pick("temperature", req.temperature, 1.0)),
+                          top_p=float(pick("top_p", req.top_p, 1.0)),
+                          stop=[stop] if isinstance(stop, str) else list(stop), seed=pick("seed", req.seed, None))
+
+
+def run_turn(session: EpisodeSession, policy: PolicyBackend, req: TurnRequest, meta: TurnMeta,
+             limits: Limits) -> TurnResult:
+    """Render → generate → cut → parse → record. Blocking: call it from a worker thread."""
+    t0 = time.perf_counter()
+    tokenizer = policy.tokenizer
+    messages = normalize_messages(req.messages)
+    try:
+        prompt_ids = render_prompt_ids(tokenizer, messages, req.tools or None, req.enable_thinking)
+    except Exception as exc:  # noqa: BLE001 - a template failure is a bad request, not a crash
+        raise ProxyError(f"the chat template could not render these messages: {exc}", field="messages") from exc
+    if len(prompt_ids) >= limits.max_context:
+        raise ProxyError(f"the prompt is {len(prompt_ids)} tokens but the maximum context is {limits.max_context} "
+                         "tokens (prompt plus completion); shorten the conversation", field="messages",
+                         code="context_length_exceeded")
+    params = resolve_sampling(req, session.sampling_overrides, len(prompt_ids), limits)
+    ctx = GenerationContext(episode_id=session.episode_id, messages=messages, tools=list(req.tools),
+                            task=session.task, harness=session.harness)
+    t1 = time.perf_counter()
+    try:
+        gen = policy.generate(list(prompt_ids), params, ctx)
+    except PolicyError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any policy crash is a policy failure (502), not ours
+        raise PolicyError(f"policy {policy.name!r} failed: {type(exc).__name__}: {exc}") from exc
+    t2 = time.perf_counter()
+    ids, logprobs, finish = _checked(gen, policy)
+    if len(ids) > params.max_tokens:
+        ids, logprobs, finish = ids[:params.max_tokens], logprobs[:params.max_tokens], "length"
+    pieces = token_pieces(tokenizer, ids)
+    keep = stop_cut(pieces, params.stop) if params.stop else None
+    if keep is not None:
+        ids, logprobs, finish = ids[:keep], logprobs[:keep], "stop"
+        pieces = token_pieces(tokenizer, ids)
+    seg = segment("".join(pieces))
+    parsed = seg.parsed()
+    message = parsed.to_openai_message()
+    if parsed.tool_calls and finish == "stop":
+        finish = "tool_calls"
+    t3 = time.perf_counter()
+    if gen.policy_version:
+        version = gen.policy_version
+    else:
+        version = session.policy_version if session.policy_version is not None else policy.version
+    record = CallRecord(
+        episode_id=session.episode_id, call_index=-1, dialect=meta.dialect, path=meta.path, stream=req.stream,
+        request=meta.body, headers=meta.headers, prompt_token_ids=list(prompt_ids), output_token_ids=ids,
+        output_logprobs=logprobs, finish_reason=finish, response_message=message, sampling=params.as_dict(),
+        policy_name=policy.name, policy_version=int(version), started_at=meta.started_at, ended_at=time.time(),
+        timings={"render_s": t1 - t0, "generate_s": t2 - t1, "parse_s": t3 - t2,
+                 "total_s": max(time.time() - meta.started_at, t3 - t0)})
+    if not session.append(record):
+        raise ProxyError("this episode was closed while the call was in flight", status=404,
+                         code="episode_not_found")
+    raw = token_bytes(tokenizer, ids) if req.want_logprobs else None
+    return TurnResult(req, record, pieces, seg, message, finish, logprobs, raw)
+
+
+def _checked(gen: Generation, policy: PolicyBackend) -> tuple[list[int], list[float], str]:
+    try:
+        ids = [int(i) for i in gen.token_ids]
+        logprobs = [float(x) for x in gen.logprobs]
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"policy {policy.name!r} returned non-numeric tokens or logprobs: {exc}") from exc
+    if len(ids) != len(logprobs):
+        raise PolicyError(f"policy {policy.name!r} returned {len(ids)} tokens but {len(logprobs)} logprobs")
+    if any(i < 0 for i in ids):
+        raise PolicyError(f"policy {policy.name!r} returned a negative token id")
+    finish = gen.finish_reason if gen.finish_reason in ("stop", "length") else "stop"
+    return ids, logprobs, finish

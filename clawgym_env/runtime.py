@@ -1,0 +1,105 @@
+"""A runtime: one policy behind one serving proxy, shared by any number of concurrent episodes.
+
+``Runtime`` is the unit that several envs (or a rollout pool) share, so that N episodes run at once
+against a single policy: each episode gets its own proxy base URL, sandbox and workspace; the
+proxy serialises nothing but the policy's own ``generate`` (which is thread safe).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from clawgym_env.episode import EpisodeResult, run_episode
+from clawgym_env.policy import PolicyBackend
+from harness_adapters.base import HarnessAdapter
+from tasks.base import Task
+
+
+class Runtime:
+    """Owns a started :class:`~clawgym_env.proxy.server.ProxyServer` around ``policy``.
+
+    ``policy`` is a :class:`PolicyBackend` or a spec string for :func:`clawgym_env.policy.make_policy`
+    (``"scripted:expert"``, ``"transformers:DIR"``, ...). Start/stop are idempotent; use as a
+    context manager, or let :meth:`close` run at interpreter exit.
+    """
+
+    def __init__(self, policy: PolicyBackend | str, *, sandbox: str = "bwrap", out_dir: str | Path | None = None,
+                 max_context_tokens: int | None = None) -> None:
+        from clawgym_env.policy import make_policy
+
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.sandbox = sandbox
+        self.out_dir = Path(out_dir) if out_dir else None
+        self._max_context = max_context_tokens
+        self._proxy = None
+        self._lock = threading.Lock()
+
+    @property
+    def proxy(self):
+        with self._lock:
+            if self._proxy is None:
+                from clawgym_env.proxy.server import ProxyServer
+
+                kwargs = {"max_context_tokens": self._max_context} if self._max_context else {}
+                proxy = ProxyServer(self.policy, **kwargs)
+                proxy.start()
+                self._proxy = proxy
+            return self._proxy
+
+    def run(self, task: Task, adapter: HarnessAdapter, **kwargs: Any) -> EpisodeResult:
+        kwargs.setdefault("sandbox", self.sandbox)
+        kwargs.setdefault("out_dir", self.out_dir)
+        return run_episode(task, adapter, self.proxy, **kwargs)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._proxy is not None:
+                self._proxy.stop()
+                self._proxy = None
+
+    def __enter__(self) -> "Runtime":
+        self.proxy  # noqa: B018 - start eagerly inside the with
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class RolloutPool:
+    """Run many episodes concurrently against one runtime (threads; each episode is its own sandbox).
+
+    >>> with Runtime("scripted:expert") as rt:
+    ...     results = RolloutPool(rt, concurrency=4).run(tasks, get_adapter("mini"))
+    """
+
+    def __init__(self, runtime: Runtime, concurrency: int = 4, progress: bool = True) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.runtime = runtime
+        self.concurrency = concurrency
+        self.progress = progress
+
+    def run(self, tasks: Sequence[Task] | Iterable[Task], adapter: HarnessAdapter, *, samples: int = 1,
+            **kwargs: Any) -> list[EpisodeResult]:
+        """Run ``samples`` episodes of each task; results come back in task order."""
+        jobs = [t for t in tasks for _ in range(samples)]
+        results: list[EpisodeResult | None] = [None] * len(jobs)
+        bar = None
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(jobs), desc=f"{adapter.name} episodes", unit="ep")
+        with cf.ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            futs = {pool.submit(self.runtime.run, task, adapter, **kwargs): i for i, task in enumerate(jobs)}
+            for fut in cf.as_completed(futs):
+                results[futs[fut]] = fut.result()
+                if bar is not None:
+                    rec = results[futs[fut]].record
+                    bar.set_postfix_str(f"{rec.task_id}: {rec.status} r={rec.reward:.2f}")
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [r for r in results if r is not None]

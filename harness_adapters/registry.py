@@ -1,0 +1,26 @@
+"""Harness adapters found by name: ``harness_adapters.<name>`` exports exactly one ``Adapter`` class."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+
+from clawgym_env.errors import RegistrationError
+from harness_adapters.base import HarnessAdapter
+
+HARNESSES = {"mini": "harness_adapters.mini"}
+
+
+def get_adapter(name: str, **options) -> HarnessAdapter:
+    """Instantiate the adapter registered as ``name`` (options go to its constructor)."""
+    key = name.replace("_", "-").lower()
+    if key not in HARNESSES:
+        close = difflib.get_close_matches(key, HARNESSES, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise RegistrationError(f"unknown harness {name!r}{hint} (available: {', '.join(sorted(HARNESSES))})")
+    module = importlib.import_module(HARNESSES[key])
+    return module.Adapter(**options)
+
+
+def list_harnesses() -> list[str]:
+    return sorted(HARNESSES)

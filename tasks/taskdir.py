@@ -1,0 +1,244 @@
+"""Loader of the ClawGym task-dir format.
+
+A task dir is a folder::
+
+    <task_dir>/
+      data_entry.json   {"task_id": str, "user_query": str, "input_mount_dir": abs path,
+                         "metadata": {...}, "limits": {...} (optional, this project's extension)}
+      input_files/      optional; copied verbatim into the workspace by the runner
+      reward/reward.sh  prints the score, a float in [0, 1], as its last stdout line
+      expert.json       optional (this project's extension): {"steps": [...], "wrong": [...]}
+
+Invariants of a :class:`~tasks.base.Task` returned by :func:`load_task_dir`:
+  * ``id`` is the ``task_id`` of ``data_entry.json`` (non-empty, no ``/``, no whitespace);
+  * ``instruction`` is ``user_query`` verbatim;
+  * ``mount_dir`` is an absolute POSIX path (``/root/.openclaw/workspace`` when the key is absent,
+    as in a few upstream tasks that ship no input files);
+  * ``reward_dir / "reward.sh"`` is a file; ``input_dir`` is a folder or ``None``;
+  * anything unusual but harmless (folder name differs from task_id, absent mount dir) is recorded
+    in ``notes`` instead of failing.
+
+Every malformed task dir raises :class:`~clawgym_env.errors.TaskError` whose message names the
+file, the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from clawgym_env.errors import TaskError
+from tasks.base import Task, TaskLimits
+
+DATA_ENTRY = "data_entry.json"
+INPUT_DIR = "input_files"
+REWARD_DIR = "reward"
+REWARD_SCRIPT = "reward.sh"
+EXPERT_FILE = "expert.json"
+DEFAULT_MOUNT_DIR = "/root/.openclaw/workspace"
+PAYLOAD_ENV = "OPENCLAW_REWARD_PAYLOAD"
+"""Env var holding the path of the verifier's JSON payload
+``{task_id, user_query, metadata, final_message, transcript}`` (for tasks graded on the answer)."""
+
+_TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_LIMIT_KEYS = tuple(TaskLimits.model_fields)
+_EXPERT_TOOLS = {"write_file": ("path", "content"), "bash": ("command",), "read_file": ("path",)}
+
+
+def is_task_dir(path: str | Path) -> bool:
+    """True when ``path`` is a folder holding ``data_entry.json`` (it may still be malformed)."""
+    p = Path(path)
+    return p.is_dir() and (p / DATA_ENTRY).is_file()
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{path}: not UTF-8 text ({e}); save {what} as UTF-8 JSON") from e
+    except OSError as e:
+        raise TaskError(f"{path}: cannot be read ({e.strerror or e}); check its permissions") from e
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TaskError(
+            f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}; "
+            f"fix the syntax of {what} (e.g. `python3 -m json.tool {path.name}` shows where)") from e
+
+
+def _require_str(entry: dict, key: str, path: Path, *, hint: str) -> str:
+    if key not in entry:
+        raise TaskError(f"{path}: missing key {key!r}; add it ({hint})")
+    value = entry[key]
+    if not isinstance(value, str):
+        raise TaskError(f"{path}: key {key!r} must be a string, got {type(value).__name__}; {hint}")
+    if not value.strip():
+        raise TaskError(f"{path}: key {key!r} is empty; {hint}")
+    return value
+
+
+def _parse_limits(raw: Any, path: Path) -> TaskLimits:
+    if raw is None:
+        return TaskLimits()
+    if not isinstance(raw, dict):
+        raise TaskError(f"{path}: 'limits' must be an object like "
+                        f'{{"timeout_s": 300, "max_turns": 20, "reward_timeout_s": 60}}, '
+                        f"got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(_LIMIT_KEYS))
+    if unknown:
+        raise TaskError(f"{path}: unknown key(s) {unknown} in 'limits'; allowed: {list(_LIMIT_KEYS)}")
+    for k, v in raw.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TaskError(f"{path}: limits.{k} must be a positive number, got {v!r}")
+    try:
+        return TaskLimits(**raw)
+    except ValidationError as e:
+        probs = "; ".join(f"limits.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise TaskError(f"{path}: {probs}; every limit must be a positive number "
+                        f"(max_turns a whole number)") from e
+
+
+def load_task_dir(path: str | Path, suite: str | None = None) -> Task:
+    """Load one task dir into a :class:`Task` (``suite`` is recorded on it, not checked)."""
+    task_dir = Path(path).expanduser()
+    if not task_dir.exists():
+        raise TaskError(f"{task_dir}: no such task dir; pass a folder holding {DATA_ENTRY} and {REWARD_DIR}/")
+    if not task_dir.is_dir():
+        raise TaskError(f"{task_dir}: not a folder; a task is a folder holding {DATA_ENTRY} and {REWARD_DIR}/")
+    task_dir = task_dir.resolve()
+    entry_path = task_dir / DATA_ENTRY
+    if not entry_path.is_file():
+        raise TaskError(
+            f"{entry_path}: missing; every task dir needs {DATA_ENTRY} with keys "
+            f"task_id, user_query, input_mount_dir and metadata")
+    entry = _read_json(entry_path, DATA_ENTRY)
+    if not isinstance(entry, dict):
+        raise TaskError(f"{entry_path}: top level must be a JSON object with keys task_id, user_query, "
+                        f"input_mount_dir and metadata, got {type(entry).__name__}")
+    notes: list[str] = []
+
+    task_id = _require_str(entry, "task_id", entry_path, hint="a short id such as the folder name")
+    if not _TASK_ID_RE.match(task_id):
+        raise TaskError(f"{entry_path}: task_id {task_id!r} may hold only letters, digits, '.', '_' "
+                        f"and '-' (no '/' or spaces, it is used in suite/id specs); rename it")
+    if task_id != task_dir.name:
+        notes.append(f"task_id {task_id!r} differs from the folder name {task_dir.name!r}")
+    instruction = _require_str(entry, "user_query", entry_path, hint="the instruction given to the agent")
+
+    if "input_mount_dir" in entry:
+        mount = entry["input_mount_dir"]
+        if not isinstance(mount, str) or not mount.strip():
+            raise TaskError(f"{entry_path}: 'input_mount_dir' must be a non-empty string such as "
+                            f"{DEFAULT_MOUNT_DIR!r}, got {mount!r}")
+        if not mount.startswith("/"):
+            raise TaskError(f"{entry_path}: 'input_mount_dir' {mount!r} is relative; it must be the "
+                            f"absolute workspace path inside the sandbox, e.g. {DEFAULT_MOUNT_DIR!r}")
+        mount = mount.rstrip("/") or "/"
+    else:
+        mount = DEFAULT_MOUNT_DIR
+        notes.append(f"no input_mount_dir; using {DEFAULT_MOUNT_DIR}")
+
+    metadata = entry.get("metadata", {})
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise TaskError(f"{entry_path}: 'metadata' must be an object such as "
+                        f'{{"category": "files", "grading_type": "automated"}}, got {type(metadata).__name__}')
+    if "metadata" not in entry:
+        notes.append("no metadata; using {}")
+    limits = _parse_limits(entry.get("limits"), entry_path)
+
+    input_dir: Path | None = task_dir / INPUT_DIR
+    if input_dir.exists() and not input_dir.is_dir():
+        raise TaskError(f"{input_dir}: must be a folder (its contents are copied into the workspace); "
+                        f"move the file into a folder named {INPUT_DIR}/")
+    if not input_dir.exists():
+        input_dir = None
+
+    reward_dir = task_dir / REWARD_DIR
+    if not reward_dir.is_dir():
+        raise TaskError(f"{reward_dir}: missing; add {REWARD_DIR}/{REWARD_SCRIPT}, a bash script that "
+                        f"prints the score (a float in [0, 1]) as its last stdout line")
+    if not (reward_dir / REWARD_SCRIPT).is_file():
+        raise TaskError(f"{reward_dir / REWARD_SCRIPT}: missing; add a bash script that prints the score "
+                        f"(a float in [0, 1]) as its last stdout line")
+
+    return Task(id=task_id, instruction=instruction, mount_dir=mount, suite=suite, task_dir=task_dir,
+                input_dir=input_dir, reward_dir=reward_dir, metadata=metadata, limits=limits, notes=notes)
+
+
+class ExpertScript(BaseModel):
+    """A task's scripted expert (``expert.json``), never shown to the agent.
+
+    Invariants: each of ``steps`` and ``wrong`` is a list of tool steps — ``{"tool": "write_file",
+    "path", "content"}``, ``{"tool": "bash", "command"}`` or ``{"tool": "read_file", "path"}``, paths
+    relative to the workspace (the agent's cwd) — followed by exactly one ``{"final": str}`` step,
+    which is last. ``steps`` earn reward 1.0; ``wrong`` (possibly empty) is a plausible attempt that
+    earns less.
+    """
+
+    steps: list[dict[str, Any]]
+    wrong: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def final(self) -> str:
+        return str(self.steps[-1]["final"])
+
+    @property
+    def tool_steps(self) -> list[dict[str, Any]]:
+        return self.steps[:-1]
+
+
+def _check_steps(steps: Any, where: str, path: Path) -> None:
+    if not isinstance(steps, list) or not steps:
+        raise TaskError(f"{path}: {where!r} must be a non-empty list of steps ending with {{\"final\": \"...\"}}")
+    for i, step in enumerate(steps):
+        loc = f"{where}[{i}]"
+        if not isinstance(step, dict):
+            raise TaskError(f"{path}: {loc} must be an object, got {type(step).__name__}")
+        last = i == len(steps) - 1
+        if "final" in step:
+            if not last:
+                raise TaskError(f"{path}: {loc} is a final step but not the last one; move it to the end")
+            if not isinstance(step["final"], str):
+                raise TaskError(f"{path}: {loc}.final must be a string (the final answer text)")
+            continue
+        if last:
+            raise TaskError(f"{path}: the last step of {where!r} must be {{\"final\": \"<answer text>\"}}")
+        tool = step.get("tool")
+        if tool not in _EXPERT_TOOLS:
+            raise TaskError(f"{path}: {loc}.tool is {tool!r}; use one of {sorted(_EXPERT_TOOLS)}")
+        for key in _EXPERT_TOOLS[tool]:
+            if not isinstance(step.get(key), str):
+                raise TaskError(f"{path}: {loc} ({tool}) needs a string {key!r}")
+        if "path" in step and (step["path"].startswith("/") or ".." in Path(step["path"]).parts):
+            raise TaskError(f"{path}: {loc}.path {step['path']!r} must be relative to the workspace "
+                            f"and stay inside it")
+
+
+def load_expert(task_or_path: Task | str | Path) -> ExpertScript | None:
+    """The validated ``expert.json`` of a task (or of a task dir / the file itself); None if absent."""
+    if isinstance(task_or_path, Task):
+        path = task_or_path.expert_path
+        if path is None:
+            return None
+    else:
+        path = Path(task_or_path)
+        if path.is_dir():
+            path = path / EXPERT_FILE
+        if not path.is_file():
+            return None
+    raw = _read_json(path, EXPERT_FILE)
+    if not isinstance(raw, dict) or "steps" not in raw:
+        raise TaskError(f"{path}: must be an object {{\"steps\": [...], \"wrong\": [...]}}")
+    unknown = sorted(set(raw) - {"steps", "wrong"})
+    if unknown:
+        raise TaskError(f"{path}: unknown key(s) {unknown}; allowed: steps, wrong")
+    _check_steps(raw["steps"], "steps", path)
+    if raw.get("wrong"):
+        _check_steps(raw["wrong"], "wrong", path)
+    return ExpertScript(steps=raw["steps"], wrong=raw.get("wrong") or [])

@@ -1,0 +1,42 @@
+"""The ``clawgym`` command line, run as a user would (a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def clawgym(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "clawgym_env.cli", *args], capture_output=True, text=True,
+                          timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_tasks_list_builtin(builtin_suite):
+    out = clawgym("tasks", "list", "--suite", "builtin").stdout.splitlines()
+    assert len(out) == len(builtin_suite.tasks) >= 20
+    assert all(line.split("\t")[0].startswith("builtin/") for line in out)
+
+
+def test_run_json_and_grade(tmp_path, builtin_suite):
+    task = builtin_suite.tasks[1]
+    proc = clawgym("run", "--harness", "mini", "--task", task.full_id, "--policy", "scripted:expert", "--json",
+                   "--out", str(tmp_path), "--keep-workspace")
+    obj = json.loads(proc.stdout.strip())
+    for key in ("task_id", "harness", "reward", "subscores", "status", "num_calls", "wall_s", "calls_path"):
+        assert key in obj
+    assert obj["status"] == "ok" and obj["reward"] == 1.0 and obj["harness"] == "mini"
+    ws = tmp_path / obj["episode_dir"].split("/")[-1] / "workspace"
+    graded = json.loads(clawgym("grade", "--task-dir", str(task.task_dir), "--workspace", str(ws),
+                                "--final-message", obj["final_message"] or "", "--json").stdout)
+    assert graded["reward"] == 1.0 and graded["subscores"] == obj["subscores"]
+
+
+def test_bad_input_gets_a_clear_error():
+    proc = clawgym("run", "--task", "builtin/no_such_task_xyz", check=False)
+    assert proc.returncode == 2 and "no task" in proc.stderr and "Traceback" not in proc.stderr
+    proc = clawgym("run", "--task", "builtin/x", "--harness", "nope", check=False)
+    assert proc.returncode == 2 and "error" in proc.stderr
