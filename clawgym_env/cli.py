@@ -102,7 +102,18 @@ def cmd_serve_proxy(args) -> int:
     from clawgym_env.policy import make_policy
     from clawgym_env.proxy.server import serve_proxy
 
-    serve_proxy(make_policy(args.policy), host=args.host, port=args.port)
+    serve_proxy(make_policy(args.policy), host=args.host, port=args.port, calls_out=args.calls_out)
+    return 0
+
+
+def cmd_harness_install(args) -> int:
+    from harness_adapters.registry import get_adapter, list_harnesses
+
+    names = list_harnesses() if args.all or not args.names else args.names
+    for name in names:
+        adapter = get_adapter(name)
+        adapter.install(args.cache_dir)
+        print(f"{adapter.name}: installed")
     return 0
 
 
@@ -158,10 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--policy", default="scripted:expert")
     sp.add_argument("--host", default="127.0.0.1")
     sp.add_argument("--port", type=int, default=8000)
+    sp.add_argument("--calls-out", help="write the captured calls (JSONL) here on exit")
     sp.set_defaults(func=cmd_serve_proxy)
 
     h = sub.add_parser("harness", help="harness adapters").add_subparsers(dest="harness_cmd", required=True)
     h.add_parser("list", help="list the registered harnesses").set_defaults(func=cmd_harness_list)
+    hi = h.add_parser("install", help="install harnesses (pinned versions) into the project cache; idempotent")
+    hi.add_argument("names", nargs="*", help="harness names (default: all)")
+    hi.add_argument("--all", action="store_true")
+    hi.add_argument("--cache-dir", help="install here instead of the project cache (~/.cache/clawgym/harnesses)")
+    hi.set_defaults(func=cmd_harness_install)
     return p
 
 

@@ -13,7 +13,13 @@ import gymnasium as gym
 ENTRY_POINT = "clawgym_env.env:ClawGymEnv"
 
 #: env id → the harness it runs
-ENV_IDS: dict[str, str] = {"ClawGym/Mini-v0": "mini"}
+ENV_IDS: dict[str, str] = {
+    "ClawGym/Mini-v0": "mini",
+    "ClawGym/OpenClaw-v0": "openclaw",
+    "ClawGym/ClaudeCode-v0": "claude-code",
+    "ClawGym/Codex-v0": "codex",
+    "ClawGym/QwenCode-v0": "qwen-code",
+}
 
 
 def register_all() -> None:

@@ -31,6 +31,7 @@ class Runtime:
         from clawgym_env.policy import make_policy
 
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.policy.tokenizer  # noqa: B018 - load it now, not first inside concurrent episodes
         self.sandbox = sandbox
         self.out_dir = Path(out_dir) if out_dir else None
         self._max_context = max_context_tokens

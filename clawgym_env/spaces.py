@@ -38,10 +38,17 @@ def clean_text(text: str | None) -> str:
     return "".join(c if c in _CHARSET else c.encode("unicode_escape").decode("ascii") for c in text)[:MAX_TEXT]
 
 
+class _ScalarBox(spaces.Box):
+    """A 0-d Box that accepts numpy scalars (the items of a stacked ``Sequence``) without a cast warning."""
+
+    def contains(self, x: Any) -> bool:
+        return super().contains(np.asarray(x, dtype=self.dtype) if np.isscalar(x) else x)
+
+
 def observation_space(vocab_size: int) -> spaces.Dict:
     text = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=TEXT_CHARSET)
     tokens = spaces.Sequence(spaces.Discrete(vocab_size), stack=True)
-    logprobs = spaces.Sequence(spaces.Box(-np.inf, 0.0, shape=(), dtype=np.float32), stack=True)
+    logprobs = spaces.Sequence(_ScalarBox(-np.inf, 0.0, shape=(), dtype=np.float32), stack=True)
     call = spaces.Dict({"prompt_token_ids": tokens, "output_token_ids": tokens, "output_logprobs": logprobs})
     return spaces.Dict({"task_id": text, "instruction": text, "status": text, "final_message": text,
                         "calls": spaces.Sequence(call)})

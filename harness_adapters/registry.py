@@ -8,7 +8,13 @@ import importlib
 from clawgym_env.errors import RegistrationError
 from harness_adapters.base import HarnessAdapter
 
-HARNESSES = {"mini": "harness_adapters.mini"}
+HARNESSES = {
+    "mini": "harness_adapters.mini",
+    "openclaw": "harness_adapters.openclaw",
+    "claude-code": "harness_adapters.claude_code",
+    "codex": "harness_adapters.codex",
+    "qwen-code": "harness_adapters.qwen_code",
+}
 
 
 def get_adapter(name: str, **options) -> HarnessAdapter:

