@@ -35,6 +35,10 @@ def test_expert_solves_builtin_tasks_through_mini(expert_runtime, builtin_suite,
         for call in r.calls:
             assert call.prompt_token_ids and call.output_token_ids
             assert len(call.output_logprobs) == len(call.output_token_ids)
+            assert call.token_exact, call.token_exact_reason
+        for prev, nxt in zip(r.calls, r.calls[1:]):  # token in, token out: each call extends the last
+            assert nxt.prompt_token_ids[:len(prev.prompt_token_ids) + len(prev.output_token_ids)] == \
+                prev.prompt_token_ids + prev.output_token_ids
         # the final answer the harness printed is what the policy sampled in the last call
         last = tokenizer.decode(r.calls[-1].output_token_ids, skip_special_tokens=True)
         assert rec.final_message.strip() and rec.final_message.strip() in last

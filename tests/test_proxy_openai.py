@@ -159,8 +159,19 @@ def test_tool_call_then_tool_result(server, episode, policy, tokenizer, stream):
     rec2 = episode.calls[1]
     assert rec2.call_index == 1
     prompt = tokenizer.decode(rec2.prompt_token_ids)
-    assert prompt == render_prompt_text(tokenizer, follow, TOOLS)
-    assert "<tool_response>\nbuy milk\n</tool_response>" in prompt and "I should read it." in prompt
+    # token in, token out: the assistant turn is the sampled ids, not a re-rendering of what the client sent
+    assert rec2.token_exact and rec2.token_exact_reason is None
+    head = rec.prompt_token_ids + rec.output_token_ids
+    assert rec2.prompt_token_ids[:len(head)] == head
+    assert "<tool_response>\nbuy milk\n</tool_response>" in prompt and "I should read it." not in prompt
+
+    # an assistant turn the policy never sampled is rendered from its text (reasoning included), flagged
+    forged = [msgs[0], {"role": "assistant", "content": "Sure.", "reasoning_content": "I should read it."},
+              {"role": "user", "content": "and now?"}]
+    client.chat.completions.create(model="qwen", messages=forged, tools=TOOLS)
+    rec3 = episode.calls[2]
+    assert not rec3.token_exact and "match no sampled output" in rec3.token_exact_reason
+    assert tokenizer.decode(rec3.prompt_token_ids) == render_prompt_text(tokenizer, forged, TOOLS)
 
 
 def test_tool_choice_none_hides_tools_and_images_become_placeholders(server, episode, tokenizer, policy):

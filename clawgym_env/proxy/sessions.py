@@ -24,7 +24,8 @@ from typing import Any
 from clawgym_env.capture.records import CallRecord
 from clawgym_env.errors import PolicyError, ProxyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
-from clawgym_env.policy.chat_format import normalize_messages, render_prompt_ids
+from clawgym_env.policy.chat_format import normalize_messages
+from clawgym_env.proxy.splice import splice_prompt
 from clawgym_env.proxy.streaming import Segmentation, segment, stop_cut, token_bytes, token_pieces
 
 SAMPLING_OVERRIDE_KEYS = ("temperature", "top_p", "max_tokens", "stop", "seed")
@@ -83,6 +84,11 @@ class EpisodeSession:
             self.calls.append(record)
             return True
 
+    def snapshot(self) -> list[CallRecord]:
+        """The calls recorded so far (a copy, safe to read while other calls append)."""
+        with self._lock:
+            return list(self.calls)
+
     def close(self) -> list[CallRecord]:
         with self._lock:
             self.closed = True
@@ -137,6 +143,7 @@ class TurnRequest:
     want_logprobs: bool = False
     model: str | None = None
     enable_thinking: bool | None = None
+    tool_id_prefix: str = "call_"  # tool-call ids are this prefix + 24 hex digits (Anthropic: "toolu_")
 
 
 @dataclasses.dataclass
@@ -160,6 +167,7 @@ class TurnResult:
     finish_reason: str  # "stop" | "length" | "tool_calls"
     logprobs: list[float]
     token_bytes: list[bytes] | None = None  # per output token, only when the request asked for logprobs
+    stop_sequence: str | None = None  # the stop string that cut the output, if one did
 
     @property
     def prompt_tokens(self) -> int:
@@ -201,7 +209,8 @@ def run_turn(session: EpisodeSession, policy: PolicyBackend, req: TurnRequest, m
     tokenizer = policy.tokenizer
     messages = normalize_messages(req.messages)
     try:
-        prompt_ids = render_prompt_ids(tokenizer, messages, req.tools or None, req.enable_thinking)
+        prompt_ids, token_exact, exact_reason = splice_prompt(tokenizer, messages, req.tools or None,
+                                                              req.enable_thinking, session.snapshot())
     except Exception as exc:  # noqa: BLE001 - a template failure is a bad request, not a crash
         raise ProxyError(f"the chat template could not render these messages: {exc}", field="messages") from exc
     if len(prompt_ids) >= limits.max_context:
@@ -224,10 +233,15 @@ def run_turn(session: EpisodeSession, policy: PolicyBackend, req: TurnRequest, m
         ids, logprobs, finish = ids[:params.max_tokens], logprobs[:params.max_tokens], "length"
     pieces = token_pieces(tokenizer, ids)
     keep = stop_cut(pieces, params.stop) if params.stop else None
+    matched = None
     if keep is not None:
+        matched = _first_stop("".join(pieces), params.stop)
         ids, logprobs, finish = ids[:keep], logprobs[:keep], "stop"
         pieces = token_pieces(tokenizer, ids)
     seg = segment("".join(pieces))
+    if req.tool_id_prefix != "call_":
+        for call in seg.tool_calls:
+            call.id = req.tool_id_prefix + call.id.removeprefix("call_")
     parsed = seg.parsed()
     message = parsed.to_openai_message()
     if parsed.tool_calls and finish == "stop":
@@ -241,14 +255,21 @@ def run_turn(session: EpisodeSession, policy: PolicyBackend, req: TurnRequest, m
         episode_id=session.episode_id, call_index=-1, dialect=meta.dialect, path=meta.path, stream=req.stream,
         request=meta.body, headers=meta.headers, prompt_token_ids=list(prompt_ids), output_token_ids=ids,
         output_logprobs=logprobs, finish_reason=finish, response_message=message, sampling=params.as_dict(),
-        policy_name=policy.name, policy_version=int(version), started_at=meta.started_at, ended_at=time.time(),
+        policy_name=policy.name, policy_version=int(version), token_exact=token_exact,
+        token_exact_reason=exact_reason, started_at=meta.started_at, ended_at=time.time(),
         timings={"render_s": t1 - t0, "generate_s": t2 - t1, "parse_s": t3 - t2,
                  "total_s": max(time.time() - meta.started_at, t3 - t0)})
     if not session.append(record):
         raise ProxyError("this episode was closed while the call was in flight", status=404,
                          code="episode_not_found")
     raw = token_bytes(tokenizer, ids) if req.want_logprobs else None
-    return TurnResult(req, record, pieces, seg, message, finish, logprobs, raw)
+    return TurnResult(req, record, pieces, seg, message, finish, logprobs, raw, matched)
+
+
+def _first_stop(text: str, stops: list[str]) -> str | None:
+    """The stop string occurring earliest in ``text`` (the one :func:`stop_cut` cut at)."""
+    hits = [(text.find(s), i) for i, s in enumerate(stops) if s and s in text]
+    return stops[min(hits)[1]] if hits else None
 
 
 def _checked(gen: Generation, policy: PolicyBackend) -> tuple[list[int], list[float], str]:
