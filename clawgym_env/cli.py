@@ -125,6 +125,48 @@ def cmd_harness_list(args) -> int:
     return 0
 
 
+def cmd_tree_show(args) -> int:
+    from clawgym_env.capture.tree_show import show
+
+    print(show(args.file, html_out=args.html, png_out=args.png, decode=not args.no_decode, width=args.width), end="")
+    return 0
+
+
+def cmd_harness_check(args) -> int:
+    from harness_adapters.check import check_harness, report_json
+
+    report = check_harness(args.name, task=args.task, policy=args.policy, sandbox=args.sandbox)
+    print(report_json(report) if args.json else report.render())
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from leaderboards.metrics import summarize
+    from leaderboards.run import run_eval
+    from leaderboards.schema import read_results
+
+    s = run_eval(args.suite, data=args.data, harness=args.harness, policy=args.policy, samples=args.samples,
+                 concurrency=args.concurrency, out=args.out, limit=args.limit, sandbox=args.sandbox,
+                 retries=args.retries, episodes_dir=args.episodes_dir, rerun_infra=args.rerun_infra,
+                 sampling=_sampling(args), keep_workspace=args.keep_workspace, progress=not args.no_progress)
+    print(f"{s.out}: {s.ran} episode(s) written, {s.skipped} already done of {s.total}; infra failures "
+          f"{s.infra_failures} (after {s.retried} retries)" + ("; repaired a torn last line" if s.repaired_tail else ""))
+    policy = args.policy.strip()
+    for g in summarize(read_results(s.out).rows, by_category=False):
+        if g.harness == args.harness and g.policy == policy:
+            print(f"{g.suite} · {g.harness} · {g.policy}: Pass@1 {g.pass1:.3f}, strict {g.strict:.3f}, "
+                  f"{g.tasks} task(s), {g.episodes} episode(s), {g.infra_failures} infra failure(s)")
+    return 0
+
+
+def cmd_leaderboard(args) -> int:
+    from leaderboards.site import build_site
+
+    for name, path in build_site(args.results, args.out).items():
+        print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clawgym", description="Black-box RL of LLM agents through real agent harnesses.")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -179,6 +221,48 @@ def build_parser() -> argparse.ArgumentParser:
     hi.add_argument("--all", action="store_true")
     hi.add_argument("--cache-dir", help="install here instead of the project cache (~/.cache/clawgym/harnesses)")
     hi.set_defaults(func=cmd_harness_install)
+    hc = h.add_parser("check", help="conformance report: run a probe episode and describe the harness's traffic")
+    hc.add_argument("name")
+    hc.add_argument("--task", default="builtin/csv_total", help="the probe task (SUITE/ID or a task dir)")
+    hc.add_argument("--policy", default="scripted:expert")
+    hc.add_argument("--sandbox", default="bwrap", choices=["bwrap", "docker"])
+    hc.add_argument("--json", action="store_true")
+    hc.set_defaults(func=cmd_harness_check)
+
+    tr = sub.add_parser("tree", help="call trees").add_subparsers(dest="tree_cmd", required=True)
+    ts = tr.add_parser("show", help="outline a call-tree JSONL or an episode's calls.jsonl; optional HTML/PNG")
+    ts.add_argument("file")
+    ts.add_argument("--html", help="write a self-contained HTML page of the (first) tree here")
+    ts.add_argument("--png", help="write a picture of the (first) tree here (needs matplotlib)")
+    ts.add_argument("--width", type=int, default=120, help="truncate outline lines to this width (0: never)")
+    ts.add_argument("--no-decode", action="store_true", help="show token ids instead of decoded text")
+    ts.set_defaults(func=cmd_tree_show)
+    ev = sub.add_parser("eval", help="evaluate a policy through a harness on a suite; resumable JSONL results")
+    ev.add_argument("--suite", required=True, help="bundled suite name (builtin, ...) or a folder of task dirs")
+    ev.add_argument("--data", help="the suite's data (a downloaded dataset folder or file), for suites that need it")
+    ev.add_argument("--harness", default="mini")
+    ev.add_argument("--policy", default="scripted:expert",
+                    help="scripted:expert|..., transformers:DIR, tiny, passthrough:openai:MODEL, "
+                         "passthrough:anthropic:MODEL (upstream from CLAWGYM_UPSTREAM_BASE_URL/_API_KEY)")
+    ev.add_argument("--samples", type=int, default=1, help="episodes per task (K, for Pass@k)")
+    ev.add_argument("--concurrency", type=int, default=2)
+    ev.add_argument("--out", required=True, help="results JSONL (appended; finished episodes are skipped)")
+    ev.add_argument("--limit", type=int, help="only the first N tasks of the suite")
+    ev.add_argument("--sandbox", default="bwrap", choices=["bwrap", "docker"])
+    ev.add_argument("--retries", type=int, default=2, help="re-runs of an episode after an infrastructure failure")
+    ev.add_argument("--rerun-infra", action="store_true", help="also re-run episodes recorded as infra_error")
+    ev.add_argument("--episodes-dir", help="episode records and captured calls (default: <out>-episodes/)")
+    ev.add_argument("--temperature", type=float)
+    ev.add_argument("--top-p", dest="top_p", type=float)
+    ev.add_argument("--max-tokens", dest="max_tokens", type=int)
+    ev.add_argument("--keep-workspace", action="store_true")
+    ev.add_argument("--no-progress", action="store_true")
+    ev.set_defaults(func=cmd_eval)
+
+    lb = sub.add_parser("leaderboard", help="Markdown table, static HTML page and charts from results JSONL files")
+    lb.add_argument("results", nargs="+", help="results JSONL files written by `clawgym eval`")
+    lb.add_argument("--out", default="site", help="output folder (leaderboard.md, index.html, bar_<suite>.png)")
+    lb.set_defaults(func=cmd_leaderboard)
     return p
 
 

@@ -31,6 +31,7 @@ from tasks.base import Task
 
 log = logging.getLogger(__name__)
 LOG_TAIL = 8000
+NETWORK_TRACE = "/tmp/.clawgym-network-trace"
 
 
 @dataclass
@@ -69,8 +70,12 @@ def prepare_workspace(task: Task, dest: Path) -> Path:
 def run_episode(task: Task, adapter: HarnessAdapter, proxy: Any, *, sandbox: str = "bwrap",
                 sampling: dict[str, Any] | None = None, policy_version: int | None = None,
                 out_dir: str | Path | None = None, keep_workspace: bool = False,
-                episode_id: str | None = None, grade: bool = True) -> EpisodeResult:
-    """Run ``adapter``'s harness on ``task`` against ``proxy`` (a started ProxyServer)."""
+                episode_id: str | None = None, grade: bool = True, trace_network: bool = False) -> EpisodeResult:
+    """Run ``adapter``'s harness on ``task`` against ``proxy`` (a started ProxyServer).
+
+    ``trace_network`` runs the harness under ``strace`` (where installed) and keeps its socket
+    syscalls in ``record.logs["network_trace"]``, for the conformance check.
+    """
     episode_id = episode_id or uuid.uuid4().hex[:16]
     t_start = time.monotonic()
     root = Path(out_dir) / episode_id if out_dir else Path(tempfile.mkdtemp(prefix=f"clawgym-ep-{episode_id}-"))
@@ -85,9 +90,13 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: Any, *, sandbox: str
                                  policy_version=policy_version)
     calls: list = []
     res = None
+    network_trace = None
     try:
         spec = SandboxSpec(workspace_host=ws, workspace_target=task.mount_dir, proxy_socket=Path(proxy.socket_path),
                            ro_paths=host_toolchain_paths() + list(adapter.ro_paths()))
+        if trace_network:  # DNS queries are then sent (to nobody) and show up, names included, in the trace
+            (root / "resolv.conf").write_text("nameserver 127.0.0.1\n")
+            spec.extra_binds.append((root / "resolv.conf", "/etc/resolv.conf", False))
         endpoint = Endpoint(base_url=f"http://127.0.0.1:{spec.proxy_port}/ep/{session.token}/v1",
                             api_key=session.token)
         launch = adapter.launch(task, endpoint, home=spec.home)
@@ -97,8 +106,21 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: Any, *, sandbox: str
                 sb.write_file(path, content)
             timings["sandbox_start_s"] = time.monotonic() - t0
             t1 = time.monotonic()
-            res = sb.exec(launch.argv, env=launch.env, cwd=launch.cwd or task.mount_dir, timeout=task.limits.timeout_s)
+            argv = list(launch.argv)
+            if trace_network and shutil.which("strace"):
+                argv = ["strace", "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-s", "96",
+                        "-o", NETWORK_TRACE] + argv
+            record["resources"] = {"harness_started_at": time.time()}
+            res = sb.exec(argv, env=launch.env, cwd=launch.cwd or task.mount_dir, timeout=task.limits.timeout_s)
             timings["harness_s"] = time.monotonic() - t1
+            if trace_network:
+                try:
+                    network_trace = sb.read_file(NETWORK_TRACE).decode(errors="replace")[-200_000:]
+                except SandboxError:
+                    network_trace = "(no trace: strace is not installed or did not run)"
+            peak = sb.peak_memory_bytes()
+            if peak is not None:
+                record["resources"]["peak_memory_mb"] = peak / 2**20
     except SandboxError as exc:
         log.warning("episode %s: sandbox failure: %s", episode_id, exc)
         record.update(status="infra_error", error=f"sandbox failure: {exc}")
@@ -110,6 +132,8 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: Any, *, sandbox: str
         out = adapter.read_output(res.stdout, res.stderr)
         record.update(final_message=out.final_message, exit_code=res.returncode,
                       logs={"stdout": res.stdout[-LOG_TAIL:], "stderr": res.stderr[-LOG_TAIL:]})
+        if network_trace is not None:
+            record["logs"]["network_trace"] = network_trace
         if res.timed_out:
             record.update(status="timeout", error=f"harness exceeded {task.limits.timeout_s:.0f} s")
         elif res.returncode != 0 and out.final_message is None:

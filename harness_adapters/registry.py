@@ -24,8 +24,14 @@ def get_adapter(name: str, **options) -> HarnessAdapter:
         close = difflib.get_close_matches(key, HARNESSES, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise RegistrationError(f"unknown harness {name!r}{hint} (available: {', '.join(sorted(HARNESSES))})")
-    module = importlib.import_module(HARNESSES[key])
-    return module.Adapter(**options)
+    try:
+        module = importlib.import_module(HARNESSES[key])
+    except ImportError as exc:
+        raise RegistrationError(f"harness {key!r} could not be imported ({exc}); reinstall the project") from exc
+    try:
+        return module.Adapter(**options)
+    except TypeError as exc:
+        raise RegistrationError(f"bad options for harness {key!r}: {exc}") from exc
 
 
 def list_harnesses() -> list[str]:

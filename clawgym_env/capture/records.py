@@ -78,6 +78,8 @@ class EpisodeRecord(BaseModel):
     logs: dict[str, str] = Field(default_factory=dict)
     sampling: dict[str, Any] = Field(default_factory=dict)
     policy_version: int = 0
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="harness_started_at (epoch s), peak_memory_mb where measurable")
 
     @property
     def is_infra_failure(self) -> bool:

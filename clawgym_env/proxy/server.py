@@ -1,6 +1,8 @@
 """The serving proxy: a starlette app, run by uvicorn in a background thread (or the foreground).
 
-Routes: ``POST /ep/{token}/v1/chat/completions`` (OpenAI chat dialect), ``GET /ep/{token}/v1/models``
+Routes: ``POST /ep/{token}/v1/chat/completions`` (OpenAI chat dialect), ``/v1/messages`` (Anthropic
+Messages; ``/v1/messages/count_tokens`` is a side route, see :data:`SIDE_ROUTES`), ``/v1/responses``
+(OpenAI Responses), ``GET /ep/{token}/v1/models``
 (and ``/models/{id}``), ``GET /healthz``. A dialect is a module (see ``openai_chat.py``) and one
 entry of :data:`DIALECT_ROUTES`; the server reads the body, looks up the episode, lets the dialect
 parse, runs the dialect-neutral pipeline (:func:`~clawgym_env.proxy.sessions.run_turn`) in a worker
@@ -46,13 +48,18 @@ from starlette.routing import Route
 from clawgym_env.capture.records import CallRecord, write_jsonl
 from clawgym_env.errors import PolicyError, ProxyError
 from clawgym_env.policy.base import PolicyBackend
-from clawgym_env.proxy import openai_chat
+from clawgym_env.proxy import anthropic_messages, openai_chat, openai_responses
 from clawgym_env.proxy.sessions import EpisodeSession, Limits, SessionRegistry, TurnMeta, redact_headers, run_turn
 
 log = logging.getLogger("clawgym.proxy")
 
 #: (path under ``/ep/{token}/v1``, dialect module). Later dialects add an entry here.
-DIALECT_ROUTES: list[tuple[str, ModuleType]] = [("/chat/completions", openai_chat)]
+DIALECT_ROUTES: list[tuple[str, ModuleType]] = [("/chat/completions", openai_chat),
+                                                ("/messages", anthropic_messages),
+                                                ("/responses", openai_responses)]
+#: (path under ``/ep/{token}/v1``, dialect module, function name): side calls answered from the body
+#: and the tokenizer alone, ``fn(body, tokenizer) -> dict``; no policy call and no record.
+SIDE_ROUTES: list[tuple[str, ModuleType, str]] = [("/messages/count_tokens", anthropic_messages, "count_tokens")]
 
 
 def _error(dialect: ModuleType, status: int, message: str, field: str | None = None,
@@ -69,6 +76,8 @@ class _App:
                   Route("/ep/{token}/v1/models", self.models, methods=["GET"]),
                   Route("/ep/{token}/v1/models/{model:path}", self.model, methods=["GET"])]
         routes += [Route("/ep/{token}/v1" + path, self._endpoint(d), methods=["POST"]) for path, d in DIALECT_ROUTES]
+        routes += [Route("/ep/{token}/v1" + path, self._side_endpoint(d, fn), methods=["POST"])
+                   for path, d, fn in SIDE_ROUTES]
         self.app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error,
                                                                 Exception: self._crash})
 
@@ -110,6 +119,20 @@ class _App:
             raise ProxyError(f"model {wanted!r} is not served here; the served model is {name!r}", status=404,
                              field="model", code="model_not_found")
         return JSONResponse(openai_chat.model_body(name, created))
+
+    def _side_endpoint(self, dialect: ModuleType, fn_name: str) -> Callable:
+        async def endpoint(request: Request) -> Response:
+            return await self._guard(dialect, self._side, request, getattr(dialect, fn_name))
+        return endpoint
+
+    async def _side(self, request: Request, fn: Callable) -> Response:
+        self._session(request)
+        body = await self._read_json(request)
+        executor = self.server._executor
+        if executor is None:
+            raise ProxyError("the proxy is shutting down", status=503, code="unavailable")
+        result = await asyncio.get_running_loop().run_in_executor(executor, fn, body, self.server.policy.tokenizer)
+        return JSONResponse(result)
 
     def _endpoint(self, dialect: ModuleType) -> Callable:
         async def endpoint(request: Request) -> Response:
@@ -358,7 +381,8 @@ def serve_proxy(policy: PolicyBackend, host: str = "127.0.0.1", port: int = 8000
         with ProxyServer(policy, host, port, uds, **server_kwargs) as server:
             session = server.open_episode(episode_id, task=task, harness=harness, sampling=sampling)
             announce(f"clawgym proxy: policy {policy.name!r}; OpenAI base URL {session.base_url(server.url)} "
-                     f"(unix socket {server.socket_path}); Ctrl-C to stop")
+                     f"(unix socket {server.socket_path}); Anthropic base URL "
+                     f"{session.base_url(server.url).removesuffix('/v1')}; Ctrl-C to stop")
             while not stop.wait(0.5):
                 pass
             calls = server.close_episode(session.token)

@@ -228,6 +228,9 @@ def run_turn(session: EpisodeSession, policy: PolicyBackend, req: TurnRequest, m
     except Exception as exc:  # noqa: BLE001 - any policy crash is a policy failure (502), not ours
         raise PolicyError(f"policy {policy.name!r} failed: {type(exc).__name__}: {exc}") from exc
     t2 = time.perf_counter()
+    if not getattr(gen, "token_exact", True):  # e.g. a passthrough: upstream text re-encoded, not sampled ids
+        token_exact = False
+        exact_reason = "passthrough: text-level" + (f"; {exact_reason}" if exact_reason else "")
     ids, logprobs, finish = _checked(gen, policy)
     if len(ids) > params.max_tokens:
         ids, logprobs, finish = ids[:params.max_tokens], logprobs[:params.max_tokens], "length"

@@ -48,6 +48,16 @@ class Cgroup:
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.dirs]
 
+    def peak_memory_bytes(self) -> int | None:
+        """The highest memory use of everything in the cgroup so far (None without a memory cgroup)."""
+        for d in self.dirs:
+            for name in ("memory.peak", "memory.max_usage_in_bytes"):
+                try:
+                    return int((d / name).read_text().split()[0])
+                except (OSError, ValueError, IndexError):
+                    continue
+        return None
+
     def setup(self, limits: SandboxLimits, name: str) -> dict[str, str]:
         """Create the cgroup(s) and write the limits; returns {limit: how} for what took effect."""
         want = {}

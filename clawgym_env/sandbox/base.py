@@ -88,6 +88,10 @@ class Sandbox(abc.ABC):
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """Write a file by its path inside the sandbox (parents created)."""
 
+    def peak_memory_bytes(self) -> int | None:
+        """Peak memory used inside the sandbox so far, where the backend can measure it."""
+        return None
+
     @abc.abstractmethod
     def close(self) -> None:
         """Destroy the sandbox and everything it created. Idempotent."""

@@ -169,6 +169,10 @@ class BwrapSandbox(Sandbox):
         self._wrapper, self.enforced_limits, self.unenforced_limits = plan_limits(
             spec.limits, self._cgroup if self.use_cgroups else None, name)
 
+    def peak_memory_bytes(self) -> int | None:
+        """Peak memory of the sandbox's processes so far (from its memory cgroup; None without one)."""
+        return self._cgroup.peak_memory_bytes() if self.use_cgroups else None
+
     def close(self) -> None:
         """Kill what is left in the sandbox's cgroup and delete its folders. Idempotent."""
         if self._finalizer is not None:

@@ -1,0 +1,161 @@
+"""Helpers shared by the Anthropic Messages and OpenAI Responses dialects.
+
+Request side: small validators that raise :class:`ProxyError` (HTTP 400) naming the offending field.
+Response side: :func:`split_output` regroups a finished turn into the pieces both dialects render
+as typed blocks/items (reasoning, text, tool calls), each with its per-token stream chunks.
+
+Invariants:
+  * ``"".join(out.reasoning_chunks) == out.reasoning`` (or both empty), ``"".join(out.content_chunks)
+    == out.content`` and ``"".join(call.chunks) == call.arguments`` for every call; these are exactly
+    the reasoning, content and tool calls of the recorded ``response_message``, so a streamed answer
+    and a non-streamed one carry the same text.
+  * Chunks follow the sampled tokens (one chunk per token share, never half a character).
+  * Multi-part text inputs are flattened with :data:`JOIN` between parts (a one-part list and a plain
+    string therefore render identically).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import uuid
+from typing import Any
+
+from clawgym_env.errors import ProxyError
+from clawgym_env.proxy.sessions import TurnResult
+from clawgym_env.proxy.streaming import iter_deltas
+
+JOIN = "\n"
+
+
+def bad(message: str, field: str | None) -> ProxyError:
+    return ProxyError(message, status=400, field=field)
+
+
+def number(obj: dict, key: str, lo: float, hi: float) -> float | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not lo <= value <= hi:
+        raise bad(f"'{key}' must be a number between {lo:g} and {hi:g}, got {value!r}", key)
+    return float(value)
+
+
+def pos_int(obj: dict, key: str, where: str | None = None) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise bad(f"'{where or key}' must be a positive integer, got {value!r}", where or key)
+    return value
+
+
+def flag(obj: dict, key: str, where: str | None = None) -> bool | None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise bad(f"'{where or key}' must be true or false, got {value!r}", where or key)
+    return value
+
+
+def text_field(obj: dict, key: str, where: str, *, required: bool = True) -> str | None:
+    """``obj[key]`` as a string; missing is an error only when ``required``."""
+    value = obj.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise bad(f"'{where}' must be a string" + (" (required)" if value is None else f", got {value!r}"), where)
+    return value
+
+
+def name_field(obj: dict, key: str, where: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or not value:
+        raise bad(f"'{where}' is required (a non-empty string)", where)
+    return value
+
+
+def model_field(body: dict) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("'model' must be a string", "model")
+    return model
+
+
+def new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+def sse(event: str, data: dict[str, Any]) -> str:
+    """One server-sent event with a named type and a JSON payload."""
+    return f"event: {event}\ndata: " + json.dumps(data, ensure_ascii=False) + "\n\n"
+
+
+def json_object(text: str) -> dict[str, Any] | None:
+    """``text`` parsed as a JSON object (NaN/Infinity rejected), else None."""
+    def no_constants(name: str) -> Any:
+        raise ValueError(name)
+
+    try:
+        value = json.loads(text, parse_constant=no_constants)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+@dataclasses.dataclass
+class CallOut:
+    id: str
+    name: str
+    arguments: str  # the JSON string of the recorded response_message
+    chunks: list[str]
+
+
+@dataclasses.dataclass
+class Output:
+    reasoning: str  # "" when the turn has no (or empty) reasoning
+    reasoning_chunks: list[str]
+    content: str
+    content_chunks: list[str]
+    calls: list[CallOut]
+
+
+def _checked(chunks: list[str], whole: str) -> list[str]:
+    return chunks if "".join(chunks) == whole else ([whole] if whole else [])
+
+
+def split_output(res: TurnResult) -> Output:
+    """Group the turn's ordered deltas by what they belong to (see the module invariants)."""
+    msg = res.message
+    reasoning = msg.get("reasoning_content") or ""
+    content = msg.get("content") or ""
+    calls = [CallOut(tc["id"], tc["function"]["name"], tc["function"]["arguments"], [])
+             for tc in msg.get("tool_calls") or []]
+    r_chunks: list[str] = []
+    c_chunks: list[str] = []
+    for d in iter_deltas(res.pieces, res.seg):
+        if d.kind == "reasoning":
+            r_chunks.append(d.text)
+        elif d.kind == "content":
+            c_chunks.append(d.text)
+        elif d.kind == "tool_args" and d.index < len(calls):
+            calls[d.index].chunks.append(d.text)
+    for call in calls:
+        call.chunks = _checked(call.chunks, call.arguments)
+    return Output(reasoning, _checked(r_chunks, reasoning), content, _checked(c_chunks, content), calls)
+
+
+def reasoning_tokens(res: TurnResult) -> int:
+    """How many output tokens end at or before the closing ``</think>`` (0 without reasoning)."""
+    text = res.seg.text
+    at = text.find("</think>")
+    if res.seg.reasoning_span is None or at < 0:
+        return 0
+    limit, pos, n = at + len("</think>"), 0, 0
+    for piece in res.pieces:
+        pos += len(piece)
+        if pos > limit:
+            break
+        n += 1
+    return n

@@ -1,0 +1,266 @@
+"""Conformance check: run a probe episode through a harness and report how it talks to the model.
+
+``check_harness("claude-code")`` (or ``clawgym harness check claude-code``) runs one builtin task
+with the scripted expert, under ``strace`` for network attempts, and :func:`analyze` reports:
+dialect(s), streaming, number of calls and side calls, tools offered, prompt size in tokens,
+whether each call extends the previous call's prompt + output (by messages and by token ids), which
+fields the harness rewrote in the history it sent back (tool-call ids, argument serialisation,
+dropped thinking, whitespace, a moved trailing context message, re-serialised raw history),
+network attempts other than the proxy, startup time and peak memory.
+
+Adding a harness is: write its adapter, run the check, read the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import re
+from collections import Counter
+from typing import Any, Sequence
+
+from clawgym_env.capture.records import CallRecord, EpisodeRecord
+from clawgym_env.policy.chat_format import normalize_messages
+from clawgym_env.proxy.splice import turn_key
+from clawgym_env.sandbox.base import DEFAULT_PROXY_PORT
+
+DIALECT_MODULES = {"openai_chat": "clawgym_env.proxy.openai_chat",
+                   "anthropic_messages": "clawgym_env.proxy.anthropic_messages",
+                   "openai_responses": "clawgym_env.proxy.openai_responses"}
+RAW_HISTORY_KEY = {"openai_chat": "messages", "anthropic_messages": "messages", "openai_responses": "input"}
+DEFAULT_PROBE_TASK = "builtin/csv_total"
+_CONNECT = re.compile(r'connect\(\d+, \{sa_family=(AF_INET6?), sin6?_port=htons\((\d+)\), '
+                      r'(?:sin_addr=inet_addr\("([^"]+)"\)|.*?inet_pton\(AF_INET6, "([^"]+)")')
+
+
+@dataclasses.dataclass
+class ConformanceReport:
+    harness: str
+    status: str
+    reward: float
+    dialects: list[str]
+    streaming: bool | None
+    num_calls: int
+    side_calls: int
+    tools_offered: list[str]
+    first_prompt_tokens: int
+    max_prompt_tokens: int
+    extends_by_messages: list[bool]
+    extends_by_tokens: list[bool]
+    token_exact_share: float
+    rewrites: dict[str, int]
+    network_attempts: list[str]
+    startup_s: float | None
+    wall_s: float
+    peak_memory_mb: float | None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def render(self) -> str:
+        def yes(flags: list[bool]) -> str:
+            return f"{sum(flags)}/{len(flags)}" if flags else "-"
+
+        rows = [("harness", self.harness), ("probe episode", f"{self.status}, reward {self.reward:.2f}"),
+                ("dialect", ", ".join(self.dialects) or "-"),
+                ("streaming", {True: "yes", False: "no", None: "mixed"}[self.streaming]),
+                ("calls (side calls)", f"{self.num_calls} ({self.side_calls})"),
+                ("tools offered", f"{len(self.tools_offered)}: {', '.join(self.tools_offered)}"),
+                ("prompt tokens (first / max)", f"{self.first_prompt_tokens} / {self.max_prompt_tokens}"),
+                ("extends previous call, by messages", yes(self.extends_by_messages)),
+                ("extends previous call, by token ids", yes(self.extends_by_tokens)),
+                ("token-exact calls", f"{self.token_exact_share:.0%}"),
+                ("history rewrites", ", ".join(f"{k} ×{v}" for k, v in sorted(self.rewrites.items())) or "none"),
+                ("network attempts (not the proxy)", "; ".join(self.network_attempts) or "none"),
+                ("startup to first call", f"{self.startup_s:.2f} s" if self.startup_s is not None else "-"),
+                ("episode wall time", f"{self.wall_s:.2f} s"),
+                ("peak memory", f"{self.peak_memory_mb:.0f} MiB" if self.peak_memory_mb is not None else "-")]
+        width = max(len(k) for k, _ in rows)
+        lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+
+def parsed_messages(call: CallRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(normalised OpenAI-chat messages, tools) of a recorded request, through its dialect's parser."""
+    module = importlib.import_module(DIALECT_MODULES[call.dialect])
+    req = module.parse_request(call.request)
+    return normalize_messages(req.messages), list(req.tools)
+
+
+def _tool_names(tools: Sequence[dict[str, Any]]) -> list[str]:
+    return [str(t.get("function", t).get("name")) for t in tools]
+
+
+def _thread_key(messages: list[dict[str, Any]]) -> tuple:
+    first_user = next((m["content"] for m in messages if m["role"] == "user"), "")
+    system = next((m["content"] for m in messages if m["role"] == "system"), "")
+    return system[:2000], first_user[:2000]
+
+
+def _compare_turn(sent: dict[str, Any], returned: dict[str, Any], rewrites: Counter) -> None:
+    """Count what the harness changed in an assistant turn it sent back (``returned`` = what we answered)."""
+    ours, theirs = returned.get("tool_calls") or [], sent.get("tool_calls") or []
+    if [t.get("id") for t in ours] != [t.get("id") for t in theirs]:
+        rewrites["tool_call_ids"] += 1
+    if [t["function"].get("arguments") for t in ours] != [t["function"].get("arguments") for t in theirs]:
+        rewrites["argument_serialisation"] += 1
+    if returned.get("reasoning_content") and not sent.get("reasoning_content"):
+        rewrites["thinking_dropped"] += 1
+    if (returned.get("content") or "") != (sent.get("content") or ""):
+        rewrites["content_whitespace"] += 1
+
+
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_ESCAPES = {"t": 9, "n": 10, "v": 11, "f": 12, "r": 13, "\\": 92, '"': 34}
+
+
+def _strace_bytes(text: str) -> bytes:
+    """Decode one strace-quoted string (C escapes: \\t, \\n, octal \\ooo, ...) into bytes."""
+    out, i = bytearray(), 0
+    while i < len(text):
+        c = text[i]
+        if c != "\\" or i + 1 == len(text):
+            out += c.encode("latin-1", "replace")
+            i += 1
+            continue
+        nxt = text[i + 1]
+        if nxt in _ESCAPES:
+            out.append(_ESCAPES[nxt])
+            i += 2
+            continue
+        m = re.match(r"[0-7]{1,3}", text[i + 1:])
+        if m:
+            out.append(int(m.group(0), 8) & 0xFF)
+            i += 1 + len(m.group(0))
+        else:
+            out += nxt.encode("latin-1", "replace")
+            i += 2
+    return bytes(out)
+
+
+def _dns_qname(packet: bytes) -> str | None:
+    """The question name of a DNS query packet (None if it does not parse as one)."""
+    labels, pos = [], 12
+    while pos < len(packet):
+        n = packet[pos]
+        if n == 0:
+            return ".".join(labels) if labels else None
+        if n > 63 or pos + 1 + n > len(packet):
+            return None
+        labels.append(packet[pos + 1:pos + 1 + n].decode("ascii", "replace"))
+        pos += 1 + n
+    return None
+
+
+def network_attempts(trace: str | None) -> list[str]:
+    """Socket connects other than the proxy relay, and DNS names queried, from an strace log.
+
+    The check runs the harness with ``nameserver 127.0.0.1`` so that DNS queries are sent (and fail
+    at once) instead of failing at ``connect``: their names then appear in the payloads.
+    """
+    seen: list[str] = []
+
+    def add(item: str) -> None:
+        if item not in seen:
+            seen.append(item)
+
+    for line in (trace or "").splitlines():
+        m = _CONNECT.search(line)
+        if m:
+            port, addr = int(m.group(2)), m.group(3) or m.group(4)
+            if port == 53 and addr not in ("127.0.0.1", "::1"):
+                add(f"dns via {addr}")
+            elif port != 53 and not (addr in ("127.0.0.1", "::1") and port == DEFAULT_PROXY_PORT):
+                add(f"connect {addr}:{port}")
+        elif re.search(r"\b(sendto|sendmsg|sendmmsg)\(", line):
+            for quoted in _QUOTED.findall(line):
+                name = _dns_qname(_strace_bytes(quoted))
+                if name:
+                    add(f"dns {name}")
+    return seen
+
+
+def analyze(harness: str, record: EpisodeRecord, calls: Sequence[CallRecord]) -> ConformanceReport:
+    """Pure analysis of one episode's captured calls (see the module docstring)."""
+    parsed = [parsed_messages(c) for c in calls]
+    main_key = _thread_key(parsed[0][0]) if parsed else None
+    main = [i for i, (msgs, _) in enumerate(parsed) if _thread_key(msgs) == main_key]
+    rewrites: Counter = Counter()
+    by_msgs, by_tokens = [], []
+    for a, b in zip(main, main[1:]):
+        prev, nxt = calls[a], calls[b]
+        pm, nm = parsed[a][0], parsed[b][0]
+        head = prev.prompt_token_ids + prev.output_token_ids
+        by_tokens.append(nxt.prompt_token_ids[:len(head)] == head)
+        key = turn_key(prev.response_message)
+        j = next((k for k, m in enumerate(nm) if m["role"] == "assistant" and turn_key(m) == key), None)
+        if j is None:
+            rewrites["assistant_turn_missing"] += 1
+            by_msgs.append(False)
+            continue
+        _compare_turn(nm[j], prev.response_message, rewrites)
+        extends = j == len(pm) and _same_context(nm[:len(pm)], pm)
+        by_msgs.append(extends)
+        if not extends and pm and pm[-1]["role"] == "user" and nm[-1] == pm[-1] and \
+                _same_context(nm[:len(pm) - 1], pm[:-1]):
+            rewrites["trailing_context_message_moved"] += 1
+        raw_key = RAW_HISTORY_KEY[prev.dialect]
+        raw_prev, raw_next = prev.request.get(raw_key), nxt.request.get(raw_key)
+        if isinstance(raw_prev, list) and isinstance(raw_next, list):
+            n = min(len(raw_prev), len(raw_next), j)
+            if any(raw_prev[k] != raw_next[k] for k in range(n)) and _same_context(nm[:n], pm[:n]):
+                rewrites["raw_history_reserialised"] += 1
+    streams = {c.stream for c in calls}
+    tools = _tool_names(parsed[0][1]) if parsed else []
+    started = record.resources.get("harness_started_at")
+    notes = []
+    if record.status != "ok":
+        notes.append(f"probe episode ended with status {record.status}: {record.error}")
+    if record.logs.get("network_trace", "").startswith("(no trace"):
+        notes.append("network attempts not traced: strace is not installed")
+    return ConformanceReport(
+        harness=harness, status=record.status, reward=record.reward,
+        dialects=sorted({c.dialect for c in calls}), streaming=streams.pop() if len(streams) == 1 else None,
+        num_calls=len(calls), side_calls=len(calls) - len(main), tools_offered=tools,
+        first_prompt_tokens=len(calls[0].prompt_token_ids) if calls else 0,
+        max_prompt_tokens=max((len(c.prompt_token_ids) for c in calls), default=0),
+        extends_by_messages=by_msgs, extends_by_tokens=by_tokens,
+        token_exact_share=sum(c.token_exact for c in calls) / len(calls) if calls else 0.0,
+        rewrites=dict(rewrites), network_attempts=network_attempts(record.logs.get("network_trace")),
+        startup_s=(calls[0].started_at - started) if calls and started else None, wall_s=record.wall_s,
+        peak_memory_mb=record.resources.get("peak_memory_mb"), notes=notes)
+
+
+def _same_context(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Messages equal up to what a harness may legitimately rewrite in assistant turns."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x["role"] != y["role"]:
+            return False
+        if x["role"] == "assistant":
+            if turn_key(x) != turn_key(y):
+                return False
+        elif x.get("content") != y.get("content"):
+            return False
+    return True
+
+
+def check_harness(harness: str, *, task: str = DEFAULT_PROBE_TASK, policy: str = "scripted:expert",
+                  sandbox: str = "bwrap", out_dir: str | None = None, **adapter_options: Any) -> ConformanceReport:
+    """Install (if needed) and probe ``harness`` with one episode; return the report."""
+    from clawgym_env.runtime import Runtime
+    from harness_adapters.registry import get_adapter
+    from tasks import resolve_task
+
+    adapter = get_adapter(harness, **adapter_options)
+    adapter.install()
+    with Runtime(policy, sandbox=sandbox, out_dir=out_dir) as rt:
+        result = rt.run(resolve_task(task), adapter, trace_network=True)
+    return analyze(adapter.name, result.record, result.calls)
+
+
+def report_json(report: ConformanceReport) -> str:
+    return json.dumps(report.as_dict(), indent=2)
