@@ -110,5 +110,7 @@ def install_info(pkg: NpmPackage, cache_dir: str | os.PathLike | None = None) ->
     if not is_installed(pkg, cache_dir):
         return {}
     info = json.loads((prefix / MARKER).read_text())
-    info["size_bytes"] = sum(p.stat().st_size for p in prefix.rglob("*") if p.is_file() and not p.is_symlink())
+    files = {(st.st_dev, st.st_ino): st.st_size  # a hard-linked file (Claude Code's binary) counts once
+             for st in (p.stat() for p in prefix.rglob("*") if p.is_file() and not p.is_symlink())}
+    info["size_bytes"] = sum(files.values())
     return info

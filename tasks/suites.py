@@ -75,8 +75,26 @@ def _suite_root(spec: str | Path) -> tuple[str, Path]:
                     f"or pass the path to a folder of task dirs")
 
 
-def load_suite(spec: str | Path) -> Suite:
-    """Load every task dir of a suite; bad ones become ``suite.issues``, the others load."""
+def load_suite(spec: str | Path, data: str | Path | None = None, **options: object) -> Suite:
+    """Load every task dir of a suite; bad ones become ``suite.issues``, the others load.
+
+    JobBench: ``load_suite("jobbench", data=PATH)`` (also ``jobbench-easy``) or a path to JobBench
+    data (see :mod:`tasks.jobbench`).
+    OfficeQA / ClawGym-Bench: ``load_suite("officeqa", data=PATH)`` (also ``officeqa-pro``),
+    ``load_suite("clawgym-bench", data=PATH)`` or a path to such data; ``options`` (e.g.
+    ``corpus_dir=``, ``cache_dir=``) go to their loaders (see :mod:`tasks.benchdata`)."""
+    from tasks.benchdata import data_suite_for
+
+    bench = None if isinstance(spec, str) and spec in _bundled() else data_suite_for(spec, data, options)
+    if bench is not None:
+        return bench
+    if options:
+        raise TaskError(f"options {sorted(options)} apply only to the officeqa and clawgym-bench suites")
+    from tasks.jobbench import jobbench_suite_for
+
+    jobbench = None if isinstance(spec, str) and spec in _bundled() else jobbench_suite_for(spec, data)
+    if jobbench is not None:
+        return jobbench
     name, root = _suite_root(spec)
     suite = Suite(name=name, root=root)
     seen: dict[str, Path] = {}
@@ -109,6 +127,16 @@ def resolve_task(spec: str | Path) -> Task:
         parent = path.resolve().parent
         bundled = [n for n, root in _bundled().items() if root == parent]
         return load_task_dir(path, suite=bundled[0] if bundled else None)
+    from tasks.benchdata import data_task_for
+
+    bench = data_task_for(spec)
+    if bench is not None:
+        return bench
+    from tasks.jobbench import jobbench_task_for
+
+    jobbench = jobbench_task_for(spec)
+    if jobbench is not None:
+        return jobbench
     text = str(spec).rstrip("/")
     if "/" not in text:
         raise TaskError(f"task spec {text!r} must be <suite>/<task_id> or a path to a task dir"

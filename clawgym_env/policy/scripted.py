@@ -65,7 +65,7 @@ KNOWN_TOOLS: dict[str, tuple[str, dict[str, str], bool]] = {
 }
 _HEURISTIC_NAMES = {"shell": re.compile(r"bash|shell|exec|command|terminal", re.I),
                     "write": re.compile(r"write|create_file", re.I),
-                    "read": re.compile(r"read|view|cat", re.I)}
+                    "read": re.compile(r"read|view(?!_?image)|cat", re.I)}  # an image viewer cannot read text
 
 
 @dataclasses.dataclass(frozen=True)
