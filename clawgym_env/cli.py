@@ -237,7 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--width", type=int, default=120, help="truncate outline lines to this width (0: never)")
     ts.add_argument("--no-decode", action="store_true", help="show token ids instead of decoded text")
     ts.set_defaults(func=cmd_tree_show)
-    ev = sub.add_parser("eval", help="evaluate a policy through a harness on a suite; resumable JSONL results")
+    ev = sub.add_parser("eval", help="evaluate a policy through a harness on a suite; resumable JSONL results",
+                        description="One JSON line per episode, appended as episodes finish; a restart skips finished "
+                                    "ones. JobBench and ClawGym-Bench rubric tasks are judged on the host by the LLM "
+                                    "judge at CLAWGYM_JUDGE_BASE_URL / CLAWGYM_JUDGE_MODEL (/ CLAWGYM_JUDGE_API_KEY).")
     ev.add_argument("--suite", required=True, help="bundled suite name (builtin, ...) or a folder of task dirs")
     ev.add_argument("--data", help="the suite's data (a downloaded dataset folder or file), for suites that need it")
     ev.add_argument("--harness", default="mini")

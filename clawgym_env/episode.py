@@ -78,7 +78,8 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: Any, *, sandbox: str
     """
     episode_id = episode_id or uuid.uuid4().hex[:16]
     t_start = time.monotonic()
-    root = Path(out_dir) / episode_id if out_dir else Path(tempfile.mkdtemp(prefix=f"clawgym-ep-{episode_id}-"))
+    root = (Path(out_dir).resolve() / episode_id if out_dir
+            else Path(tempfile.mkdtemp(prefix=f"clawgym-ep-{episode_id}-")))
     root.mkdir(parents=True, exist_ok=True)
     ws = prepare_workspace(task, root / "workspace")
     before = _snapshot(ws)

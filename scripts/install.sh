@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v strace >/dev/null || need_apt+=(strace)
+command -v chromium >/dev/null || need_apt+=(chromium)  # headless browser for the leaderboard page test
 command -v npm >/dev/null || need_apt+=(nodejs npm)
 if [ "${CLAWGYM_WITH_DOCKER:-1}" = "1" ] && ! command -v dockerd >/dev/null; then need_apt+=(docker.io); fi
 if [ ${#need_apt[@]} -gt 0 ]; then

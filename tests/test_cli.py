@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 
-def clawgym(*args, check=True):
+def clawgym(*args, check=True, cwd=None):
     proc = subprocess.run([sys.executable, "-m", "clawgym_env.cli", *args], capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, cwd=cwd)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -23,13 +23,15 @@ def test_tasks_list_builtin(builtin_suite):
 
 def test_run_json_and_grade(tmp_path, builtin_suite):
     task = builtin_suite.tasks[1]
+    # a relative --out, as a user types it, resolved against the working directory
     proc = clawgym("run", "--harness", "mini", "--task", task.full_id, "--policy", "scripted:expert", "--json",
-                   "--out", str(tmp_path), "--keep-workspace")
+                   "--out", "eps", "--keep-workspace", cwd=tmp_path)
     obj = json.loads(proc.stdout.strip())
     for key in ("task_id", "harness", "reward", "subscores", "status", "num_calls", "wall_s", "calls_path"):
         assert key in obj
     assert obj["status"] == "ok" and obj["reward"] == 1.0 and obj["harness"] == "mini"
-    ws = tmp_path / obj["episode_dir"].split("/")[-1] / "workspace"
+    ws = tmp_path / "eps" / obj["episode_dir"].split("/")[-1] / "workspace"
+    assert ws.is_dir() and obj["episode_dir"].startswith(str(tmp_path))
     graded = json.loads(clawgym("grade", "--task-dir", str(task.task_dir), "--workspace", str(ws),
                                 "--final-message", obj["final_message"] or "", "--json").stdout)
     assert graded["reward"] == 1.0 and graded["subscores"] == obj["subscores"]

@@ -19,17 +19,47 @@ POLICY_SPECS = (
     "scripted:expert | scripted:wrong | scripted:noop | scripted:file:PATH  (scripted policies)",
     "transformers:MODEL_DIR, or a bare model directory  (a local Hugging Face causal LM)",
     "tiny  (a tiny random-init Qwen3 built in-process, for demos and tests)",
+    "passthrough:openai:MODEL | passthrough:anthropic:MODEL  (forward to an upstream API; text-level capture)",
 )
+UPSTREAM_BASE_URL_ENV = "CLAWGYM_UPSTREAM_BASE_URL"
+UPSTREAM_API_KEY_ENV = "CLAWGYM_UPSTREAM_API_KEY"
+
+
+def _passthrough(spec: str, kwargs: dict[str, Any]) -> PolicyBackend:
+    """``passthrough:PROVIDER:MODEL``. Base URL and key: ``base_url``/``api_key`` kwargs, else
+    ``CLAWGYM_UPSTREAM_BASE_URL``/``CLAWGYM_UPSTREAM_API_KEY``, else the SDK's own variables
+    (``OPENAI_BASE_URL``/``OPENAI_API_KEY`` or ``ANTHROPIC_BASE_URL``/``ANTHROPIC_API_KEY``)."""
+    import os
+
+    from clawgym_env.policy.passthrough import PROVIDERS, PassthroughPolicy
+
+    provider, _, model = spec[len("passthrough:"):].partition(":")
+    if provider not in PROVIDERS or not model:
+        raise PolicyError(f"bad passthrough spec {spec!r}; use passthrough:openai:MODEL or passthrough:anthropic:MODEL")
+    kwargs.setdefault("base_url", os.environ.get(UPSTREAM_BASE_URL_ENV) or None)
+    kwargs.setdefault("api_key", os.environ.get(UPSTREAM_API_KEY_ENV) or None)
+    sdk_key, sdk_url = ("OPENAI_API_KEY", "OPENAI_BASE_URL") if provider == "openai" else \
+        ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
+    if not kwargs["api_key"] and not os.environ.get(sdk_key):
+        if not (kwargs["base_url"] or os.environ.get(sdk_url)):
+            raise PolicyError(f"{spec}: no API key; set {UPSTREAM_API_KEY_ENV} or {sdk_key} (and "
+                              f"{UPSTREAM_BASE_URL_ENV} or {sdk_url} for a non-default endpoint)")
+        kwargs["api_key"] = "unused"  # a custom endpoint without auth (the SDKs insist on some key)
+    return PassthroughPolicy(provider, model, **kwargs)
 
 
 def make_policy(spec: str, **kwargs: Any) -> PolicyBackend:
     """Build a policy from ``spec`` (see :data:`POLICY_SPECS`); ``kwargs`` go to the backend.
 
     ``scripted:*`` takes ``tokenizer``, ``think``; ``transformers:DIR`` takes ``device``, ``dtype``,
-    ``tokenizer``; ``tiny`` takes ``tokenizer``, ``device`` and :func:`build_tiny_qwen3`'s arguments.
+    ``tokenizer``; ``tiny`` takes ``tokenizer``, ``device`` and :func:`build_tiny_qwen3`'s arguments;
+    ``passthrough:PROVIDER:MODEL`` takes ``base_url``, ``api_key``, ``tokenizer``, ``timeout``
+    (see :func:`_passthrough`).
     Raises :class:`PolicyError` for an unknown or not-yet-supported spec.
     """
     spec = (spec or "").strip()
+    if spec.startswith("passthrough:"):
+        return _passthrough(spec, dict(kwargs))
     if spec == "scripted" or spec.startswith("scripted:"):
         from clawgym_env.policy.scripted import ScriptedPolicy
 

@@ -46,6 +46,9 @@ class Generation:
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
     policy_version: int = 0
+    token_exact: bool = True
+    """False when ``token_ids`` were not sampled by a model but re-encoded from text (a passthrough to
+    an upstream API): the proxy then records the call as not token-exact, logprobs carrying no information."""
 
 
 class PolicyBackend(abc.ABC):

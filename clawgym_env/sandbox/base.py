@@ -50,6 +50,13 @@ class SandboxSpec:
     unprivileged: bool = True
     """Run as a non-root user (uid 1000) inside, where the backend can."""
 
+    def __post_init__(self) -> None:
+        # Backends run from their own folders: a relative host path would point elsewhere.
+        self.workspace_host = Path(self.workspace_host).resolve()
+        if self.proxy_socket is not None:
+            self.proxy_socket = Path(self.proxy_socket).absolute()
+        self.extra_binds = [(Path(h).resolve(), t, rw) for h, t, rw in self.extra_binds]
+
 
 @dataclasses.dataclass
 class ExecResult:
