@@ -1,0 +1,145 @@
+"""Qwen Code (``@qwen-code/qwen-code`` on npm, pinned) run headless in a sandbox.
+
+The CLI is launched unmodified as ``node cli-entry.js --auth-type openai --yolo --output-format
+stream-json ... "<instruction>"`` with the OpenAI-compatible endpoint given by ``OPENAI_BASE_URL`` /
+``OPENAI_API_KEY`` / ``OPENAI_MODEL`` (the episode's proxy URL and token).
+
+Invariants:
+  * ``launch`` is pure: argv holds absolute paths only (a Node >= 22 binary and the CLI's entry
+    script, both under :meth:`QwenCodeAdapter.ro_paths` or the host toolchain), settings go into
+    HOME through ``LaunchSpec.files``, cwd is the task's workspace;
+  * telemetry, usage statistics, auto-update and chat recording are off in the user settings and,
+    pinned with higher precedence, in a system settings file (so neither the host's
+    ``/etc/qwen-code`` nor a workspace can turn them back on); the only model endpoint is the proxy;
+  * the instruction is passed verbatim and never read as a flag (see :func:`prompt_args`);
+  * ``read_output`` never raises: no successful ``result`` event means no final answer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from clawgym_env.errors import HarnessError
+from harness_adapters.base import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
+from harness_adapters.install import NODE24, NpmPackage, bin_path, node_binary, npm_install, prefix_for
+from harness_adapters.qwen_code.stream import parse_stream
+from tasks.base import Task
+
+PACKAGE = NpmPackage("@qwen-code/qwen-code", "0.24.4", "qwen", min_node=22)
+AUTH_TYPES = {"openai": "openai_chat", "openai-responses": "openai_responses", "anthropic": "anthropic_messages"}
+"""Qwen Code's ``--auth-type`` values launched here → the proxy dialect each one speaks."""
+SETTINGS_VERSION = 4
+PINNED = {
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+    "general": {"enableAutoUpdate": False, "chatRecording": False},
+}
+"""Switches enforced through the system settings file (highest precedence)."""
+QUIET_ENV = {
+    # the bin wrapper still runs the CLI as one child (``node --expose-gc cli.js``); this stops the
+    # CLI relaunching itself once more with a heap of half the host's RAM (the sandbox caps memory)
+    "QWEN_CODE_NO_RELAUNCH": "true",
+    "NO_COLOR": "1",
+    "CI": "1",
+    "NO_BROWSER": "1",
+    "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1",
+}
+
+
+def user_settings(auth_type: str = "openai") -> dict:
+    """``~/.qwen/settings.json``: the auth type, everything nonessential off."""
+    return {"$version": SETTINGS_VERSION,
+            "security": {"auth": {"selectedType": auth_type}, "folderTrust": {"enabled": False}},
+            "privacy": {"usageStatisticsEnabled": False},
+            "telemetry": {"enabled": False},
+            "general": {"enableAutoUpdate": False, "chatRecording": False},
+            "ui": {"hideBanner": True, "hideTips": True, "enableWelcomeBack": False, "enableUserFeedback": False,
+                   "enableFollowupSuggestions": False},
+            "ide": {"enabled": False},
+            "tools": {"useRipgrep": False}}  # the packaged rg lacks its exec bit; say so instead of failing over
+
+
+def prompt_args(instruction: str) -> list[str]:
+    """The instruction as the positional prompt; one that starts with ``-`` (which the CLI's parser
+    would take for a flag, ``--`` included) is passed as ``--prompt=<text>`` instead."""
+    return [f"--prompt={instruction}"] if instruction.startswith("-") else [instruction]
+
+
+class QwenCodeAdapter(HarnessAdapter):
+    """Qwen Code in headless one-shot mode against the proxy (Chat Completions unless ``auth_type`` says otherwise).
+
+    Args:
+        auth_type: Qwen Code's ``--auth-type``: ``openai`` (Chat Completions), ``openai-responses`` or ``anthropic``.
+        max_session_turns: passed as ``--max-session-turns`` when set (else the task's ``max_turns``).
+        extra_env: more environment variables (override the defaults above).
+        cache_dir: the harness cache (default: the project cache).
+    """
+
+    name = "qwen-code"
+    dialect = "openai_chat"
+    package = PACKAGE
+
+    def __init__(self, auth_type: str = "openai", *, max_session_turns: int | None = None,
+                 extra_env: dict[str, str] | None = None, cache_dir: str | None = None) -> None:
+        if auth_type not in AUTH_TYPES:
+            raise HarnessError(f"unsupported Qwen Code auth type {auth_type!r}; use one of {', '.join(AUTH_TYPES)}")
+        self.auth_type = auth_type
+        self.dialect = AUTH_TYPES[auth_type]
+        self.max_session_turns = max_session_turns
+        self.extra_env = dict(extra_env or {})
+        self.cache_dir = cache_dir
+        self._node: Path | None = None
+
+    # -- install ----------------------------------------------------------------------------------
+    def install(self, cache_dir: Path | None = None) -> None:
+        """Install a Node >= 22 (npm's ``node@24`` if the system's is older) and the pinned CLI. Idempotent."""
+        cache = cache_dir or self.cache_dir
+        node_binary(cache, PACKAGE.min_node or 22)
+        npm_install(PACKAGE, cache)
+        if cache_dir is not None:
+            self.cache_dir, self._node = str(cache_dir), None
+
+    def node(self) -> Path:
+        """The Node binary the harness runs on (found once per adapter; see ``install.node_binary``)."""
+        if self._node is None:
+            self._node = node_binary(self.cache_dir, PACKAGE.min_node or 22)
+        return self._node
+
+    def entry(self) -> Path:
+        """The CLI's entry script (``cli-entry.js``) inside the install prefix."""
+        return bin_path(PACKAGE, self.cache_dir)
+
+    def ro_paths(self) -> list[Path]:
+        """The Qwen Code prefix and, when Node comes from npm, that Node's prefix."""
+        paths = [prefix_for(PACKAGE, self.cache_dir)]
+        npm_node = prefix_for(NODE24, self.cache_dir)
+        if str(self.node()).startswith(str(npm_node) + "/"):
+            paths.append(npm_node)
+        return paths
+
+    # -- launch -----------------------------------------------------------------------------------
+    def launch(self, task: Task, endpoint: Endpoint, *, home: str) -> LaunchSpec:
+        qdir = f"{home}/.qwen"
+        system = f"{qdir}/clawgym-system-settings.json"
+        turns = self.max_session_turns or task.limits.max_turns
+        argv = [str(self.node()), str(self.entry()), "--auth-type", self.auth_type, "--model", endpoint.model,
+                "--yolo", "--output-format", "stream-json", "--max-session-turns", str(turns),
+                "--chat-recording", "false", *prompt_args(task.instruction)]
+        if self.auth_type == "anthropic":
+            creds = {"ANTHROPIC_BASE_URL": endpoint.root_url, "ANTHROPIC_API_KEY": endpoint.api_key,
+                     "ANTHROPIC_MODEL": endpoint.model}
+        else:
+            creds = {"OPENAI_BASE_URL": endpoint.base_url, "OPENAI_API_KEY": endpoint.api_key,
+                     "OPENAI_MODEL": endpoint.model}
+        env = {**QUIET_ENV, **creds, "QWEN_CODE_SYSTEM_SETTINGS_PATH": system,
+               "QWEN_CODE_SYSTEM_DEFAULTS_PATH": f"{qdir}/clawgym-system-defaults.json", **self.extra_env}
+        files = {f"{qdir}/settings.json": json.dumps(user_settings(self.auth_type), indent=2),
+                 system: json.dumps(PINNED, indent=2), f"{qdir}/clawgym-system-defaults.json": "{}"}
+        return LaunchSpec(argv=argv, env=env, files=files, cwd=task.mount_dir)
+
+    def read_output(self, stdout: str, stderr: str) -> HarnessOutput:
+        return parse_stream(stdout)
+
+
+Adapter = QwenCodeAdapter
