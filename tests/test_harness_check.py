@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from clawgym_env.capture.records import CallRecord, EpisodeRecord
 from clawgym_env.policy.chat_format import assistant_text, parse_assistant, render_prompt_ids
 from harness_adapters.check import analyze, check_harness, network_attempts
@@ -90,3 +92,33 @@ def test_probe_sees_a_dns_lookup_inside_the_sandbox(tmp_path):
         res = rt.run(resolve_task("builtin/csv_total"), get_adapter("mini"), trace_network=True)
     report = analyze("mini", res.record, res.calls)
     assert "dns telemetry.example.com" in report.network_attempts
+
+
+# What the harnesses' own documentation of their traffic says (see the harness notes in the project
+# docs): dialect, streaming, whether calls extend each other, and which history rewrites they make.
+EXPECTED = {
+    "claude-code": dict(dialect="anthropic_messages", extends=True, rewrites={"raw_history_reserialised"}),
+    "codex": dict(dialect="openai_responses", extends=True, rewrites=set()),
+    "qwen-code": dict(dialect="openai_chat", extends=True, rewrites={"argument_serialisation"}),
+    "openclaw": dict(dialect="openai_chat", extends=False,
+                     rewrites={"tool_call_ids", "argument_serialisation", "trailing_context_message_moved"}),
+}
+
+
+@pytest.mark.parametrize("harness", sorted(EXPECTED))
+def test_conformance_report_matches_the_known_behaviour(harness):
+    from clawgym_env.errors import HarnessError
+
+    want = EXPECTED[harness]
+    try:
+        report = check_harness(harness)
+    except HarnessError as exc:
+        pytest.skip(f"cannot install {harness}: {exc}")
+    assert report.status == "ok" and report.reward == 1.0, report.render()
+    assert report.dialects == [want["dialect"]] and report.streaming is True
+    assert report.side_calls == 0 and report.num_calls >= 3
+    assert all(report.extends_by_messages) is want["extends"] and any(report.extends_by_messages) is want["extends"]
+    assert set(report.rewrites) == want["rewrites"], report.rewrites
+    assert report.network_attempts == []
+    assert report.token_exact_share >= 0.95 and report.first_prompt_tokens > 1000
+    assert report.startup_s is not None and report.peak_memory_mb
