@@ -75,6 +75,28 @@ def build_group(tok, system_tokens: int, calls: int, episodes: int, tool_tokens:
     return tree, samples
 
 
+def load_group(episodes_dir: str):
+    """(group CallTree, per-call samples) from captured episodes (``*/calls.jsonl`` + ``episode.json``)."""
+    from clawgym_env.capture.records import EpisodeRecord, read_calls
+    from clawgym_env.capture.tree import CallTree
+
+    group = []
+    for ep in sorted(Path(episodes_dir).glob("*/episode.json")):
+        rec = EpisodeRecord.model_validate_json(ep.read_text())
+        group.append((rec, read_calls(ep.parent / "calls.jsonl")))
+    if not group:
+        raise SystemExit(f"no captured episodes under {episodes_dir}; run bench/capture_long_episodes.py first")
+    tree = CallTree.from_episodes(group)
+    samples = [(r.prompt_token_ids + r.output_token_ids, len(r.prompt_token_ids)) for _, rs in group for r in rs]
+    return tree, samples
+
+
+def _group(tok, args):
+    if args.episodes_dir:
+        return load_group(args.episodes_dir)
+    return build_group(tok, args.system_tokens, args.calls, args.episodes, args.tool_tokens, args.output_tokens)
+
+
 def _step(mode: str, args) -> dict:
     import torch
 
@@ -85,8 +107,7 @@ def _step(mode: str, args) -> dict:
 
     torch.manual_seed(0)
     tok = load_tokenizer()
-    tree, samples = build_group(tok, args.system_tokens, args.calls, args.episodes, args.tool_tokens,
-                                args.output_tokens)
+    tree, samples = _group(tok, args)
     model = build_tiny_qwen3(tok, hidden_size=args.hidden, num_layers=args.layers)
     model.set_attn_implementation(args.impl)
     head, vl = model.get_output_embeddings(), len(tok)
@@ -124,6 +145,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--chunk", type=int, default=128, help="LM-head chunk (rows) in both variants")
+    ap.add_argument("--episodes-dir", help="use captured episodes (bench/capture_long_episodes.py) instead of "
+                                           "synthetic ones")
     ap.add_argument("--mode", choices=["packed", "per-call"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.mode:
@@ -133,11 +156,11 @@ def main() -> None:
     from clawgym_env.policy.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
-    tree, samples = build_group(tok, args.system_tokens, args.calls, args.episodes, args.tool_tokens,
-                                args.output_tokens)
+    tree, samples = _group(tok, args)
     st = tree.stats()
     per_call = sum(len(ids) for ids, _ in samples)
-    print(f"group: {args.episodes} episodes x {args.calls} calls, system prompt ~{args.system_tokens} tokens, "
+    source = args.episodes_dir or f"synthetic, system prompt ~{args.system_tokens} tokens"
+    print(f"group: {len(tree.meta.get('episodes', [])) or args.episodes} episodes, {len(samples)} calls ({source}), "
           f"longest call {max(len(i) for i, _ in samples)} tokens, sampled tokens {st.sampled_tokens}")
     print(f"tokens: per-call samples {per_call}, tree {st.tree_tokens}  -> ratio {per_call / st.tree_tokens:.2f}x")
     res = {}

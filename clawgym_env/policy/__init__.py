@@ -20,6 +20,7 @@ POLICY_SPECS = (
     "transformers:MODEL_DIR, or a bare model directory  (a local Hugging Face causal LM)",
     "tiny  (a tiny random-init Qwen3 built in-process, for demos and tests)",
     "passthrough:openai:MODEL | passthrough:anthropic:MODEL  (forward to an upstream API; text-level capture)",
+    "vllm:URL or a bare http(s):// URL  (a running vLLM server); vllm:MODEL_DIR  (launch one from its venv)",
 )
 UPSTREAM_BASE_URL_ENV = "CLAWGYM_UPSTREAM_BASE_URL"
 UPSTREAM_API_KEY_ENV = "CLAWGYM_UPSTREAM_API_KEY"
@@ -48,13 +49,35 @@ def _passthrough(spec: str, kwargs: dict[str, Any]) -> PolicyBackend:
     return PassthroughPolicy(provider, model, **kwargs)
 
 
+def _vllm(spec: str, kwargs: dict[str, Any]) -> PolicyBackend:
+    """``vllm:URL`` / ``http(s)://...`` → a :class:`VLLMPolicy` of that server; ``vllm:MODEL_DIR`` → start a
+    :class:`VLLMServer` on the folder (``server_*`` kwargs go to it) and return its policy, which stops
+    the server on ``close()``."""
+    from clawgym_env.policy.vllm_backend import VLLMPolicy
+
+    target = spec[len("vllm:"):] if spec.startswith("vllm:") else spec
+    if target.startswith(("http://", "https://")):
+        return VLLMPolicy(target, **kwargs)
+    if not target or not Path(target).expanduser().is_dir():
+        raise PolicyError(f"bad vLLM spec {spec!r}; use vllm:http://HOST:PORT or vllm:MODEL_DIR")
+    from clawgym_env.policy.vllm_server import VLLMServer
+
+    server_kw = {k[len("server_"):]: kwargs.pop(k) for k in list(kwargs) if k.startswith("server_")}
+    server = VLLMServer(target, **server_kw).start()
+    try:
+        return server.policy(owns_server=True, **kwargs)
+    except BaseException:
+        server.stop()
+        raise
+
+
 def make_policy(spec: str, **kwargs: Any) -> PolicyBackend:
     """Build a policy from ``spec`` (see :data:`POLICY_SPECS`); ``kwargs`` go to the backend.
 
     ``scripted:*`` takes ``tokenizer``, ``think``; ``transformers:DIR`` takes ``device``, ``dtype``,
     ``tokenizer``; ``tiny`` takes ``tokenizer``, ``device`` and :func:`build_tiny_qwen3`'s arguments;
     ``passthrough:PROVIDER:MODEL`` takes ``base_url``, ``api_key``, ``tokenizer``, ``timeout``
-    (see :func:`_passthrough`).
+    (see :func:`_passthrough`); ``vllm:*``/``http(s)://`` take :class:`VLLMPolicy`'s arguments (see :func:`_vllm`).
     Raises :class:`PolicyError` for an unknown or not-yet-supported spec.
     """
     spec = (spec or "").strip()
@@ -65,9 +88,8 @@ def make_policy(spec: str, **kwargs: Any) -> PolicyBackend:
 
         mode = spec.partition(":")[2] or "expert"
         return ScriptedPolicy(mode, **kwargs)
-    if spec.startswith(("http://", "https://")):
-        raise PolicyError(f"remote inference servers ({spec}) arrive with the vLLM backend, which is not "
-                          "available yet; use a local policy: " + "; ".join(POLICY_SPECS))
+    if spec.startswith(("http://", "https://", "vllm:")):
+        return _vllm(spec, dict(kwargs))
     if spec == "tiny":
         from clawgym_env.policy.tiny import build_tiny_qwen3
         from clawgym_env.policy.tokenizer import load_tokenizer
