@@ -307,6 +307,27 @@ class VLLMServer:
                 proc.wait(timeout=self.grace_s)
             except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be refused
                 pass
+            self._wait_group_gone(pgid, self.grace_s)
+
+    @staticmethod
+    def _wait_group_gone(pgid: int, timeout: float) -> None:
+        """Wait until no process of group ``pgid`` is alive (killed workers take a moment to exit)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            alive = False
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    alive = True
+                    break
+            if not alive:
+                return
+            time.sleep(0.05)
 
     @staticmethod
     def _signal_group(pgid: int, sig: int) -> None:
