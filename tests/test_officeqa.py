@@ -109,19 +109,46 @@ CASES = [
     ("March 3, 1977", FA.format("April 3, 1977"), 0.0, 0.0),
     ("August 1986", FA.format("august 1986"), 0.0, 1.0),
     ("August 1986", FA.format("1986"), 0.0, 0.0),
-    ("August 1986", FA.format("Aug 1986"), 0.0, 0.0),
+    ("August 1986", FA.format("Aug 1986"), 0.0, 1.0),  # upstream: either text may contain the other
+    ("March 3, 1977", FA.format("Mar 3, 1977"), 0.0, 1.0),
+    ("March 3, 1977", FA.format("May 3, 1977"), 0.0, 0.0),
+    ("August 1986", FA.format("August, fiscal 1986"), 0.0, 1.0),  # gold text inside the answer's
+    ("New York 5", FA.format("5 York"), 0.0, 1.0),  # answer text inside the gold's (upstream)
+    ("New York 5", FA.format("5 Boston"), 0.0, 0.0),
     ("[0.012, surplus]", FA.format("[0.012, surplus]"), 0.0, 1.0),
     ("[0.012, surplus]", FA.format("[0.012, deficit]"), 0.0, 0.0),
     ("[2.59%, 2.34%, Decreased]", FA.format("[2.59%, 2.34%, decreased]"), 0.0, 1.0),
     ("[2.59%, 2.34%, Decreased]", FA.format("[2.59%, 2.34%, increased]"), 0.0, 0.0),
+    # 6. several gold numbers, not a plain-number list: each must equal SOME answer number (upstream)
+    ("[2.59%, 2.34%, Decreased]", FA.format("[2.34%, 2.59%, decreased]"), 0.0, 1.0),
+    ("3 and 7", FA.format("7 and 3"), 0.0, 1.0),
+    ("5 and 5", FA.format("5 and 6"), 0.0, 1.0),  # not one-to-one
+    ("5 and 6", FA.format("5 and 5"), 0.0, 0.0),
+    ("5 and 6", FA.format("5 and 6 and 6"), 0.0, 0.0),  # the count rule still applies
     # 8. text-only gold: exact after case/whitespace/punctuation normalisation
-    ("Office of the Fiscal Assistant Secretary", FA.format("office of the fiscal assistant secretary."), 0.0, 1.0),
+    ("Office of the Fiscal Assistant Secretary", FA.format("office of the fiscal assistant secretary"), 0.0, 1.0),
+    ("Office of the Fiscal Assistant Secretary", FA.format("office of the fiscal assistant secretary."), 0.0, 0.0),
+    ("Federal Reserve", FA.format('"Federal Reserve"'), 0.0, 1.0),
     ("Office of the Fiscal Assistant Secretary", FA.format("Office of the Fiscal Assistant Secretary (OFAS)"),
      0.0, 1.0),
     ("Federal  Reserve", FA.format(" federal reserve "), 0.0, 1.0),
     ("Office of the Fiscal Assistant Secretary", FA.format("Fiscal Assistant Secretary"), 0.0, 0.0),
     ("Federal Reserve", FA.format("Federal Reserve 2"), 0.0, 0.0),
     ("Federal Reserve", FA.format("The Federal Reserve Board"), 0.0, 0.0),
+    # 9. an answer saying "unable to determine" scores 0 (upstream)
+    ("2,602", FA.format("2,602 (unable to determine exactly)"), 0.0, 0.0),
+    ("2,602", FA.format("2,602 (able to determine exactly)"), 0.0, 1.0),
+    ("Unable to determine", FA.format("Unable to determine"), 0.0, 0.0),
+    # 5. year-likeness is by value; a gold with text keeps the answer's years (upstream)
+    ("507", FA.format("507 in 1934.0"), 0.0, 1.0),
+    ("507", FA.format("507 in 1834"), 0.0, 0.0),
+    ("August 5", FA.format("August 5, 1986"), 0.0, 0.0),
+    ("August 5", FA.format("August 5"), 0.0, 1.0),
+    # 4. a unit is found within 20 characters on either side; b/m/k only as separate words (upstream)
+    ("36080 million", FA.format("billions: 36,080"), 0.0, 0.0),
+    ("36080 million", FA.format("millions: 36,080"), 0.0, 1.0),
+    ("140.9 million", FA.format("$140.9B"), 0.0, 1.0),
+    ("140.9 million", FA.format("$140.9 B"), 0.0, 0.0),
 ]
 
 
