@@ -167,6 +167,18 @@ def cmd_leaderboard(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    from trainers.train import main_args
+
+    return main_args(args)
+
+
+def cmd_quickstart(args) -> int:
+    from trainers.quickstart import main_args
+
+    return main_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clawgym", description="Black-box RL of LLM agents through real agent harnesses.")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -266,6 +278,16 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("results", nargs="+", help="results JSONL files written by `clawgym eval`")
     lb.add_argument("--out", default="site", help="output folder (leaderboard.md, index.html, bar_<suite>.png)")
     lb.set_defaults(func=cmd_leaderboard)
+
+    from trainers.train import add_arguments as train_arguments
+
+    trn = sub.add_parser("train", help="train a policy from a YAML/JSON config (algo: grpo | sft | ...)")
+    train_arguments(trn).set_defaults(func=cmd_train)
+    from trainers.quickstart import add_arguments as quickstart_arguments
+
+    qs = sub.add_parser("quickstart", help="CPU demo: tiny Qwen3, SFT on expert trajectories, then GRPO; "
+                                           "held-out pass rates before/after")
+    quickstart_arguments(qs).set_defaults(func=cmd_quickstart)
     return p
 
 

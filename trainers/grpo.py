@@ -1,0 +1,281 @@
+"""GRPO over call trees, through real harnesses — one file, one loop (``clawgym train`` runs it).
+
+Each step:
+
+1. **Rollouts.** ``groups_per_step`` tasks are drawn from the train suite (a per-step seeded draw,
+   so a resumed run draws what the uninterrupted one would have) and split between the harnesses
+   of ``harnesses`` by ratio; each (task, harness) runs ``group_size`` episodes against the serving
+   copy of the policy, sampling at ``temperature`` (the action of every episode).
+2. **Groups.** Episodes are grouped by (task, harness); infrastructure failures are excluded (never
+   scored 0); a group whose rewards are all equal is skipped; each episode gets one advantage
+   ``A_e = r_e - mean(r)`` (``/ std`` with ``normalize_std``) for all of its sampled tokens.
+   Calls not token-exact: their tokens are masked (see :mod:`trainers.tree_batch`).
+3. **One forward per group.** A group's episodes are one call tree, packed into one sequence with a
+   tree attention mask, so a shared prefix (system prompt, task, earlier turns) is computed once.
+4. **Loss.** For token ``t`` and every episode ``e`` through it (weights ``W[t,e] = 1/(G·N_e)`` per
+   group, averaged over groups)::
+
+       r_t   = exp(logp_t - logp_old_t)                 logp_old: trained model before this update
+       w_t   = min(exp(logp_old_t - logp_rollout_t), is_clip)    truncated importance sampling
+       loss  = Σ_{t,e} W[t,e] · w_t · -min(r_t A_e, clip(r_t, 1-clip_eps, 1+clip_eps_high) A_e)
+             + kl_coef · Σ_t (Σ_e W[t,e]) · k3_t,     k3_t = exp(d) - d - 1,  d = logp_ref_t - logp_t
+
+   Logprobs are of the sampling distribution: ``softmax(logits / temperature)`` over the real
+   vocabulary. With ``top_p < 1`` the rollout logprobs are of the truncated distribution, which the
+   trainer does not reproduce; the importance weights then absorb the difference (keep top_p = 1).
+5. **Sync.** After the update the serving policy gets the new weights and version (``trainers.sync``).
+
+Metrics per step (``metrics.jsonl``): rollout reward and pass rate overall and per harness, groups
+trained/skipped, ``kl_rollout`` (k3 estimate of KL(rollout ‖ trained) on the sampled tokens),
+``clip_fraction`` (trainable tokens whose ratio left the clip range), importance weights, losses,
+grad norm, tokens/s of training and of rollouts. ``step`` counts iterations; ``version`` counts
+optimiser updates (a step whose groups all had constant reward makes no update).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.logprobs import token_logprobs
+from trainers.metrics import MetricsLogger, plot_curves, rollout_metrics
+from trainers.policy import PolicyConfig, TrainablePolicy
+from trainers.rollouts import evaluate, harness_plan, run_jobs
+from trainers.sync import InProcessSync
+from trainers.tree_batch import TrainPack, group_summary, make_groups, pack_groups
+
+
+@dataclasses.dataclass
+class Args:
+    out_dir: str = "runs/grpo"
+    seed: int = 0
+    steps: int = 10
+    resume: bool = True
+    """continue from ``out_dir``'s latest checkpoint when there is one"""
+    save_every: int = 1
+    keep_checkpoints: int = 2
+    # tasks and harnesses
+    suite: str = "builtin"
+    harnesses: dict[str, float] = dataclasses.field(default_factory=lambda: {"mini": 1.0})
+    groups_per_step: int = 4
+    group_size: int = 4
+    sandbox: str = "bwrap"
+    concurrency: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    pass_threshold: float = 1.0
+    # policy and optimisation
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    update_epochs: int = 1
+    minibatches: int = 1
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    is_clip: float = 2.0
+    kl_coef: float = 0.0
+    normalize_std: bool = True
+    max_pack_tokens: int | None = None
+    chunk_size: int = 1024
+    # evaluation and logging
+    eval_suite: str | None = None
+    eval_every: int = 0
+    eval_samples: int = 1
+    eval_harness: str = "mini"
+    tensorboard: bool = False
+    plot: bool = True
+    progress: bool = True
+
+
+def grpo_loss(logp: torch.Tensor, logp_old: torch.Tensor, is_weight: torch.Tensor, pack: TrainPack, *,
+              clip_low: float, clip_high: float, kl_coef: float = 0.0,
+              logp_ref: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The step-4 loss of one pack (all inputs [T] tensors aligned with ``pack``)."""
+    t = pack.pair_token
+    ratio = torch.exp(logp[t] - logp_old[t])
+    adv = pack.pair_adv
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv)
+    pg = -(pack.pair_weight * is_weight[t] * surrogate).sum()
+    loss = pg
+    stats = {"pg_loss": float(pg.detach())}
+    m = pack.trainable
+    if logp_ref is not None:
+        d = logp_ref[m] - logp[m]
+        kl = (pack.token_weight[m] * (torch.exp(d) - d - 1.0)).sum()
+        loss = loss + kl_coef * kl
+        stats["kl_ref"] = float(kl.detach())
+    r_tok = torch.exp((logp - logp_old)[m].detach())
+    stats["clipped_tokens"] = float(((r_tok < 1.0 - clip_low) | (r_tok > 1.0 + clip_high)).sum())
+    stats["tokens"] = float(m.sum())
+    return loss, stats
+
+
+def _score(policy: TrainablePolicy, model, pack: TrainPack, args: Args) -> torch.Tensor:
+    return token_logprobs(model, pack.packed, args.chunk_size, mask=pack.trainable, temperature=args.temperature,
+                          vocab_limit=policy.vocab_limit)
+
+
+def grpo_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, packs: list[TrainPack],
+                args: Args) -> dict[str, Any]:
+    """Steps 4 of the module docstring over ``packs``; returns the update's statistics."""
+    clip_high = args.clip_eps if args.clip_eps_high is None else args.clip_eps_high
+    model = policy.causal_lm
+    t0 = time.perf_counter()
+    olds, weights, refs = [], [], []
+    kl_roll, is_sum, is_clipped, n_tok = 0.0, 0.0, 0, 0
+    with torch.no_grad():
+        for pack in packs:
+            old = _score(policy, model, pack, args)
+            m = pack.trainable
+            log_w = old - pack.packed.rollout_logprobs
+            w = torch.where(m, torch.exp(log_w).clamp(max=args.is_clip), torch.zeros_like(old))
+            olds.append(old)
+            weights.append(w)
+            lw = log_w[m]
+            kl_roll += float((torch.exp(lw) - 1.0 - lw).sum())  # k3 of KL(rollout || trained), r = p_old/p_roll
+            is_sum += float(w[m].sum())
+            is_clipped += int((torch.exp(lw) > args.is_clip).sum())
+            n_tok += int(m.sum())
+            if args.kl_coef > 0:
+                with policy.reference() as ref_model:
+                    refs.append(_score(policy, ref_model, pack, args))
+            else:
+                refs.append(None)
+    groups_of = [len({e["group"] for e in p.episodes}) for p in packs]
+    total_groups = sum(groups_of)
+    totals: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clipped_tokens": 0.0, "tokens": 0.0}
+    grad_norms = []
+    processed = 0
+    for _ in range(args.update_epochs):
+        order = np.random.permutation(len(packs)).tolist() if args.minibatches > 1 else list(range(len(packs)))
+        for chunk in np.array_split(np.asarray(order, dtype=int), max(1, min(args.minibatches, len(packs)))):
+            if len(chunk) == 0:
+                continue
+            scale = total_groups / max(1, sum(groups_of[i] for i in chunk))  # mean over this minibatch's groups
+            optimizer.zero_grad(set_to_none=True)
+            for i in chunk.tolist():
+                pack = packs[i]
+                logp = _score(policy, model, pack, args)
+                loss, st = grpo_loss(logp, olds[i], weights[i], pack, clip_low=args.clip_eps, clip_high=clip_high,
+                                     kl_coef=args.kl_coef, logp_ref=refs[i])
+                (loss * scale).backward()
+                processed += pack.num_tokens
+                totals["loss"] += float(loss.detach())
+                for k in ("pg_loss", "kl_ref", "clipped_tokens", "tokens"):
+                    totals[k] += st.get(k, 0.0)
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(),
+                                                                   args.max_grad_norm)))
+            optimizer.step()
+    epochs = max(1, args.update_epochs)
+    dt = time.perf_counter() - t0
+    return {"loss": totals["loss"] / epochs, "pg_loss": totals["pg_loss"] / epochs,
+            "kl_ref": totals["kl_ref"] / epochs if args.kl_coef > 0 else None,
+            "clip_fraction": totals["clipped_tokens"] / totals["tokens"] if totals["tokens"] else None,
+            "kl_rollout": kl_roll / n_tok if n_tok else None, "is_weight_mean": is_sum / n_tok if n_tok else None,
+            "is_clipped_share": is_clipped / n_tok if n_tok else None, "trainable_tokens": n_tok,
+            "train_tokens": processed, "train_s": dt, "train_tokens_per_s": processed / dt if dt > 0 else None,
+            "grad_norm": max(grad_norms) if grad_norms else None, "updates": len(grad_norms)}
+
+
+def draw_jobs(args: Args, tasks: list, step: int) -> list[tuple[Any, str]]:
+    """(task, harness) jobs of a step: a seeded draw per step, without replacement within a step."""
+    rng = random.Random(args.seed * 1_000_003 + step)
+    plan = harness_plan(args.harnesses, args.groups_per_step)
+    jobs = []
+    for harness, n in sorted(plan.items()):
+        picks = []
+        while len(picks) < n:
+            picks += rng.sample(tasks, min(len(tasks), n - len(picks)))
+        jobs += [(t, harness) for t in picks]
+    return jobs
+
+
+def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> dict[str, Any]:
+    """Run GRPO per ``args``; returns a summary (also written to ``<out_dir>/summary.json``)."""
+    from clawgym_env.runtime import Runtime
+    from tasks import load_suite
+
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    policy = policy or TrainablePolicy(args.policy)
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    start, version = 1, 0
+    if args.resume and latest_checkpoint(out) is not None:
+        state = load_checkpoint(out, policy, optimizer)
+        start, version = state["step"] + 1, state["version"]
+        echo(f"resumed from {state['path']} (step {state['step']}, version {version})")
+    if args.kl_coef > 0:
+        policy.freeze_reference()
+    tasks = list(load_suite(args.suite).tasks)
+    eval_tasks = list(load_suite(args.eval_suite).tasks) if args.eval_suite else []
+    sync = InProcessSync.for_policy(policy)
+    if version:
+        sync.push(policy, version)
+    metrics = MetricsLogger(out, tensorboard=args.tensorboard, start_step=start)
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
+    bar = None
+    if args.progress and start <= args.steps:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=args.steps, initial=start - 1, desc="grpo", unit="step")
+    last: dict[str, Any] = {}
+    with Runtime(sync.serving, sandbox=args.sandbox, out_dir=out / "episodes") as rt:
+        for step in range(start, args.steps + 1):
+            t0 = time.perf_counter()
+            jobs = draw_jobs(args, tasks, step)
+            results = run_jobs(rt, jobs, group_size=args.group_size, sampling=sampling, policy_version=version,
+                               concurrency=args.concurrency)
+            rollout_s = time.perf_counter() - t0
+            row = rollout_metrics(results, args.pass_threshold)
+            row["rollout_s"] = rollout_s
+            row["rollout_tokens_per_s"] = row["sampled_tokens"] / rollout_s if rollout_s > 0 else None
+            groups = make_groups(results, normalize_std=args.normalize_std)
+            row.update(group_summary(groups))
+            packs = pack_groups(groups, max_tokens=args.max_pack_tokens, device=policy.device)
+            row["masked_inexact_tokens"] = sum(p.masked_inexact_tokens for p in packs)
+            if packs:
+                row.update(grpo_update(policy, optimizer, packs, args))
+                version += 1
+                sync.push(policy, version)
+            row["version"] = version
+            if eval_tasks and args.eval_every and (step % args.eval_every == 0 or step == args.steps):
+                ev = evaluate(rt, eval_tasks, args.eval_harness, samples=args.eval_samples, sampling=sampling,
+                              concurrency=args.concurrency, pass_threshold=args.pass_threshold)
+                row.update({f"eval/{k}": v for k, v in ev.items() if k != "results"})
+            row["step_s"] = time.perf_counter() - t0
+            last = metrics.log(step, row)
+            if step % max(1, args.save_every) == 0 or step == args.steps:
+                save_checkpoint(out, step, policy, optimizer, config=args, version=version,
+                                keep=args.keep_checkpoints)
+            if bar is not None:
+                bar.set_postfix_str(f"reward {row['reward_mean'] if row['reward_mean'] is not None else float('nan'):.3f}"
+                                    f" pass {row['pass_rate'] if row['pass_rate'] is not None else float('nan'):.2f}"
+                                    f" groups {row['groups_trained']}/{row['groups']}")
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    metrics.close()
+    curves = plot_curves(metrics.path, out) if args.plot else None
+    summary = {"algo": "grpo", "out_dir": str(out), "steps": args.steps, "version": version,
+               "last": last, "curves": str(curves) if curves else None,
+               "checkpoint": str(latest_checkpoint(out)) if latest_checkpoint(out) else None,
+               "metrics": str(metrics.path)}
+    import json
+
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    if not math.isfinite(float(last.get("loss") or 0.0)):
+        echo("warning: the last loss is not finite")
+    return summary

@@ -1,0 +1,178 @@
+"""Training metrics: one JSON line per step, optional TensorBoard, PNG curves.
+
+:class:`MetricsLogger` appends ``{"step", "time", ...}`` rows to ``<out_dir>/metrics.jsonl`` (and to
+TensorBoard under ``<out_dir>/tb`` when ``tensorboard`` is installed and asked for).
+:func:`plot_curves` draws ``<out_dir>/curves.png``: rollout reward, pass rate per harness, KL between
+the rollout policy and the trained one, clip fraction and throughput.
+
+Naming: per-harness keys are ``"<harness>/<metric>"`` (``mini/pass_rate``); evaluation keys start
+with ``eval/``. :func:`rollout_metrics` computes the rollout ones from episode records.
+
+Invariants: a logger opened with ``start_step = s`` keeps only the rows with ``step < s`` of an
+existing file (a resumed run rewrites what it redoes; a fresh run, ``s = 0``, starts empty); every
+value written is a JSON number, string or null (NaN/inf become null); reward means and pass rates
+never include infrastructure failures, which are counted separately.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "curves.png"
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if hasattr(v, "item"):
+        return _clean(v.item())
+    return str(v)
+
+
+class MetricsLogger:
+    """Append-only JSONL metrics (+ TensorBoard); see the module invariants."""
+
+    def __init__(self, out_dir: str | Path, *, tensorboard: bool = False, start_step: int = 0) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.out_dir / METRICS_FILE
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) < start_step] if start_step > 0 else []
+        with self.path.open("w", encoding="utf-8") as fh:
+            for r in kept:
+                fh.write(json.dumps(r) + "\n")
+        self._tb = None
+        self.tensorboard_error: str | None = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.out_dir / "tb"), purge_step=start_step or None)
+            except Exception as exc:  # noqa: BLE001 - TensorBoard is optional
+                self.tensorboard_error = f"TensorBoard disabled: {exc}"
+
+    def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        row = {"step": int(step), "time": time.time(), **{k: _clean(v) for k, v in metrics.items()}}
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for k, v in row.items():
+                if k not in ("step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        return row
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a metrics JSONL file ([] when absent); a torn last line is skipped."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def rollout_metrics(results: Iterable[Any], pass_threshold: float = 1.0, prefix: str = "") -> dict[str, Any]:
+    """Reward mean, pass rate, episode and infra-failure counts, overall and per harness.
+
+    ``results``: ``EpisodeResult`` s, ``EpisodeRecord`` s or ``(record, calls)`` pairs.
+    """
+    per: dict[str, list[float]] = defaultdict(list)
+    infra: dict[str, int] = defaultdict(int)
+    tokens = 0
+    for item in results:
+        rec = item[0] if isinstance(item, tuple) else getattr(item, "record", item)
+        calls = item[1] if isinstance(item, tuple) else getattr(item, "calls", [])
+        tokens += sum(len(c.output_token_ids) for c in calls)
+        if rec.is_infra_failure:
+            infra[rec.harness] += 1
+            per.setdefault(rec.harness, [])
+        else:
+            per[rec.harness].append(float(rec.reward))
+    out: dict[str, Any] = {}
+    every = [r for rs in per.values() for r in rs]
+
+    def fill(p: str, rewards: list[float], n_infra: int) -> None:
+        out[f"{p}episodes"] = len(rewards)
+        out[f"{p}infra_failures"] = n_infra
+        out[f"{p}reward_mean"] = sum(rewards) / len(rewards) if rewards else None
+        out[f"{p}passed"] = sum(r >= pass_threshold for r in rewards)
+        out[f"{p}pass_rate"] = out[f"{p}passed"] / len(rewards) if rewards else None
+
+    fill(prefix, every, sum(infra.values()))
+    out[f"{prefix}sampled_tokens"] = tokens
+    for h in sorted(per):
+        fill(f"{prefix}{h}/", per[h], infra[h])
+    return out
+
+
+def plot_curves(rows: list[dict[str, Any]] | str | Path, out: str | Path) -> Path | None:
+    """Draw the training curves into ``out`` (a PNG path, or a folder → ``curves.png``); None without
+    matplotlib or rows."""
+    if not isinstance(rows, list):
+        rows = read_metrics(rows)
+    if not rows:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    out = Path(out)
+    if out.suffix != ".png":
+        out = out / CURVES_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    keys = sorted({k for r in rows for k in r})
+    harnesses = sorted({k.split("/")[0] for k in keys if k.endswith("/pass_rate") and not k.startswith("eval/")})
+    panels = [
+        ("rollout reward (mean)", ["reward_mean"] + [f"{h}/reward_mean" for h in harnesses]),
+        ("pass rate", [f"{h}/pass_rate" for h in harnesses] + sorted(k for k in keys if k.startswith("eval/")
+                                                                     and k.endswith("pass_rate"))),
+        ("KL(rollout || trained), k3", ["kl_rollout"]),
+        ("clip fraction", ["clip_fraction"]),
+        ("tokens / s", ["train_tokens_per_s", "rollout_tokens_per_s"]),
+        ("loss", ["loss", "kl_ref"]),
+    ]
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
+    for ax, (title, series) in zip(axes.flat, panels):
+        drawn = False
+        for key in series:
+            pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o", markersize=3, label=key)
+                drawn = True
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

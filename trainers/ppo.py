@@ -1,0 +1,430 @@
+"""PPO with a critic over call trees, through real harnesses — one file, one loop (``clawgym train`` runs it).
+
+Each step: ``tasks_per_step`` tasks (split between ``harnesses`` by ratio) × ``samples_per_task``
+rollouts (the paper: 256 × 1) run against the serving copy of the policy; ONE call tree per episode
+(a harness that forks — retries, subagents, compaction — gives a tree with several leaves); the
+trees are packed, scored once without gradient (``logp_old``, the critic's ``V_old``, the reference's
+logprob with ``kl_coef > 0``); advantages and returns come from :func:`trainers.advantages.tree_gae`
+(``gamma = lam = 1`` by default). The first ``value_pretrain_steps`` steps train only the critic
+(the policy is frozen: it gets no gradient and is not synced); later steps run ``update_epochs`` ×
+``minibatches`` optimiser steps of the loss below, then sync the weights to the serving policy
+(its version goes up by one). Checkpoints hold policy, critic and optimiser (:mod:`trainers.checkpoint`).
+
+Where a value is read. ``V_t`` is the value of the state from which sampled token ``t`` was drawn,
+the prefix *before* ``t``: it is read from the hidden state at ``t``'s predecessor index
+(:mod:`trainers.packing`), the row whose logits score ``t``. That row sees exactly the prefix before
+``t``; reading it at ``t`` itself would let the critic see the action it judges. The packed forward
+computes every tree token once, so a token on a shared prefix has ONE value, the same for every
+path through it, and children forking after a sampled token all read their parent's last row.
+
+Advantages on shared nodes (:mod:`trainers.advantages`). GAE runs along every root→leaf path over
+its sampled tokens (context tokens are the environment's moves, not actions); the path's terminal
+reward (mean reward of the episodes ending at its leaf) arrives at its last sampled token. A token
+on a node shared by several paths takes the MEAN over the paths through it of its per-path
+advantage and return (each leaf counts once). With ``gamma = lam = 1`` each path of one episode gives
+``A_t = R - V_t``, so the mean is exact; otherwise it is the documented combination.
+
+Loss normalisation: a token counts once per path through it. Its weight is ``path_counts[t]``
+(leaf paths through it), so the packed loss equals a per-path batch in which every path carries its
+own copy of each shared token (with the combined advantage). ``loss_norm="tree"`` (default) divides
+each tree's weights by their sum — per tree, the mean over all of its paths' tokens — and averages
+the trees of a minibatch (every episode counts the same); ``"token"`` divides by the minibatch's sum.
+
+Per trained token (sampled, with a predecessor, on a token-exact call; see :mod:`trainers.tree_batch`),
+``r = exp(logp - logp_old)``:
+
+* policy ``-w * min(r A, clip(r, 1 - clip_eps, 1 + clip_eps_high) A)`` with token-level truncated IS
+  ``w = min(exp(logp_old - logp_rollout), is_clip)`` against the serving policy's recorded logprob;
+* value ``vf_coef * 0.5 * max((V - R)^2, (V_old + clip(V - V_old, ±vf_clip) - R)^2)`` (plain when 0);
+* optional ``- ent_coef * entropy`` and ``+ kl_coef * (exp(q) - q - 1)``, ``q = logp_ref - logp``.
+
+Failed rollouts are records: infrastructure failures are dropped (never scored 0), other failures
+train with their reward; a step without a trainable token makes no update and still logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clawgym_env.errors import PolicyError
+from trainers.advantages import leaf_rewards, tree_gae
+from trainers.logprobs import chunked_logprobs, packed_hidden_states
+from trainers.packing import PackedTree, pack_batch
+from trainers.policy import PolicyConfig, TrainablePolicy
+from trainers.tree_batch import inexact_nodes
+from trainers.value import ActorCritic, Critic, node_values, scatter_node_lists, trunk_hidden_states
+
+
+@dataclasses.dataclass
+class Args:
+    out_dir: str = "runs/ppo"
+    seed: int = 0
+    steps: int = 100
+    resume: bool = True
+    save_every: int = 10
+    keep_checkpoints: int = 2
+    # tasks and harnesses (ratios split each step's tasks between harnesses)
+    suite: str = "builtin"
+    harnesses: dict[str, float] = dataclasses.field(default_factory=lambda: {"mini": 1.0})
+    tasks_per_step: int = 256
+    samples_per_task: int = 1
+    sandbox: str = "bwrap"
+    concurrency: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 1024
+    pass_threshold: float = 1.0
+    # policy, critic and optimisation
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    critic: str = "separate"            # "separate": own trunk, a copy of the policy's; "shared": policy trunk
+    value_model: str | None = None      # separate critic: start from this model directory instead
+    value_head_init_std: float | None = None
+    learning_rate: float = 1e-6
+    critic_learning_rate: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    value_pretrain_steps: int = 0
+    update_epochs: int = 1
+    minibatches: int = 4
+    max_pack_tokens: int | None = 32768
+    chunk_size: int = 1024
+    gamma: float = 1.0
+    lam: float = 1.0
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    is_clip: float = 2.0
+    vf_coef: float = 0.5
+    vf_clip: float = 0.2
+    ent_coef: float = 0.0
+    kl_coef: float = 0.0
+    normalize_advantages: bool = False
+    loss_norm: str = "tree"
+    plot: bool = True
+
+    def __post_init__(self) -> None:
+        if self.loss_norm not in ("tree", "token") or self.critic not in ("shared", "separate"):
+            raise PolicyError(f"loss_norm must be tree|token and critic shared|separate, got {self.loss_norm!r}, "
+                              f"{self.critic!r}")
+        if self.clip_eps < 0 or (self.clip_eps_high or 0) < 0 or self.is_clip <= 0 or self.vf_clip < 0:
+            raise PolicyError("clip_eps, clip_eps_high and vf_clip must be >= 0 and is_clip > 0")
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
+
+@dataclasses.dataclass
+class PackTargets:
+    """What one update holds fixed for one pack (all [T] tensors, no gradient)."""
+
+    pack: PackedTree
+    mask: torch.Tensor        # bool: trained tokens
+    weight: torch.Tensor      # loss weight before the minibatch division (0 off ``mask``)
+    denom: float              # this pack's share of the minibatch divisor
+    old_logp: torch.Tensor
+    old_values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    is_weight: torch.Tensor   # truncated IS weight (1.0 off ``mask``)
+    ref_logp: torch.Tensor | None = None
+
+
+def trained_mask(pack: PackedTree) -> torch.Tensor:
+    """Sampled tokens with a predecessor and a rollout logprob, not only on inexact calls."""
+    mask = pack.target_mask & pack.logprob_known
+    for ti, tree in enumerate(pack.trees):
+        for nid in inexact_nodes(tree):
+            mask[pack.node_slice(ti, nid)] = False
+    return mask
+
+
+def loss_weights(pack: PackedTree, mask: torch.Tensor, loss_norm: str = "tree") -> tuple[torch.Tensor, float]:
+    """``(weight [T], denom)``: ``path_counts`` on ``mask``, each tree's divided by their sum for ``"tree"``;
+    ``denom`` = trees with a trained token (``"tree"``) or the weights' sum (``"token"``)."""
+    w = torch.where(mask, pack.path_counts, torch.zeros_like(pack.path_counts))
+    if loss_norm == "token":
+        return w, float(w.sum())
+    trees = 0
+    for start, end in pack.tree_ranges:
+        total = w[start:end].sum()
+        if total > 0:
+            w[start:end] /= total
+            trees += 1
+    return w, float(trees)
+
+
+def gae_targets(pack: PackedTree, values: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed ``(advantages, returns)`` of :func:`tree_gae` on every tree (rewards from ``meta["episodes"]``)."""
+    per_tree, adv, ret = node_values(pack, values), [], []
+    for ti, tree in enumerate(pack.trees):
+        rewards = [float(e["reward"]) for e in tree.meta.get("episodes") or [{"reward": tree.meta.get("reward", 0)}]]
+        a, r = tree_gae(tree, per_tree[ti], leaf_rewards(tree, rewards), gamma=gamma, lam=lam)
+        adv.append(a)
+        ret.append(r)
+    return scatter_node_lists(pack, adv), scatter_node_lists(pack, ret)
+
+
+def forward_pack(model, critic: Critic | None, pack: PackedTree, args: Args, mask: torch.Tensor, *,
+                 policy: bool = True, entropy: bool = False, vocab_limit: int | None = None):
+    """One packed forward → ``(logp, values, entropy)`` ([T] each, or None): logprobs and entropies on
+    ``mask``, values on every sampled token with a predecessor (GAE reads them all).
+
+    A shared critic reads the policy's hidden states (one trunk forward for both heads); with
+    ``policy=False`` (value pretraining) the LM head is skipped and the policy stays out of autograd;
+    ``critic=None`` skips the values (the reference model).
+    """
+    hidden = logp = ent = values = None
+    if policy or (critic is not None and critic.trunk is None):
+        with torch.set_grad_enabled(policy and torch.is_grad_enabled()):
+            hidden = packed_hidden_states(model, pack)
+    if policy:
+        idx = mask.nonzero()[:, 0]
+        res = chunked_logprobs(hidden[pack.predecessor[idx]], model.get_output_embeddings(), pack.input_ids[idx],
+                               args.chunk_size, args.temperature, vocab_limit, return_entropy=entropy)
+        lp, en = res if entropy else (res, None)
+        logp = torch.zeros(pack.num_tokens, dtype=lp.dtype, device=lp.device).index_put((idx,), lp)
+        if entropy:
+            ent = torch.zeros_like(logp).index_put((idx,), en)
+    if critic is not None:
+        h = hidden if critic.trunk is None else trunk_hidden_states(critic.trunk, pack)
+        values = critic.values_from_hidden(h, pack, pack.target_mask)
+    return logp, values, ent
+
+
+@torch.no_grad()
+def prepare(model, critic: Critic, packs: list[PackedTree], args: Args,
+            vocab_limit: int | None = None) -> list[PackTargets]:
+    """Score the batch once with the current weights; every per-token target of the update but the
+    reference logprobs (:func:`add_reference`)."""
+    out = []
+    for pack in packs:
+        mask = trained_mask(pack)
+        old_logp, old_v, _ = forward_pack(model, critic, pack, args, mask, vocab_limit=vocab_limit)
+        adv, ret = gae_targets(pack, old_v, args.gamma, args.lam)
+        is_w = torch.where(mask, torch.exp(old_logp - pack.rollout_logprobs).clamp(max=args.is_clip),
+                           torch.ones_like(old_logp))
+        weight, denom = loss_weights(pack, mask, args.loss_norm)
+        out.append(PackTargets(pack, mask, weight, denom, old_logp, old_v, adv, ret, is_w))
+    flat = torch.cat([t.advantages[t.mask] for t in out]) if out else torch.zeros(0)
+    if args.normalize_advantages and flat.numel() > 1:
+        mean, std = flat.mean(), flat.std()
+        for t in out:
+            t.advantages = torch.where(t.mask, (t.advantages - mean) / (std + 1e-8), t.advantages)
+    return out
+
+
+@torch.no_grad()
+def add_reference(targets: list[PackTargets], ref_model, args: Args, vocab_limit: int | None = None) -> None:
+    """Score the trained tokens with the frozen reference (a separate pass: under LoRA the reference is
+    the policy module itself with its adapters disabled)."""
+    for t in targets:
+        t.ref_logp = forward_pack(ref_model, None, t.pack, args, t.mask, vocab_limit=vocab_limit)[0]
+
+
+def ppo_loss(model, critic: Critic, t: PackTargets, args: Args, denom: float, *, value_only: bool = False,
+             vocab_limit: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The pack's share of a minibatch's loss (weights divided by the minibatch ``denom``) and its stats.
+    ``value_only`` (value pretraining): the value term alone, the policy outside autograd."""
+    want_ent = args.ent_coef > 0 and not value_only
+    logp, values, ent = forward_pack(model, critic, t.pack, args, t.mask, policy=not value_only, entropy=want_ent,
+                                     vocab_limit=vocab_limit)
+    w = t.weight / denom
+    v_tok = (values - t.returns) ** 2
+    if args.vf_clip > 0:
+        clipped_v = t.old_values + (values - t.old_values).clamp(-args.vf_clip, args.vf_clip)
+        v_tok = torch.maximum(v_tok, (clipped_v - t.returns) ** 2)
+    v_tok = 0.5 * v_tok
+    stats = {"v_loss": float((w * v_tok).sum().detach())}
+    if value_only:
+        return args.vf_coef * (w * v_tok).sum(), stats
+    log_ratio = torch.where(t.mask, logp - t.old_logp, torch.zeros_like(logp))
+    ratio = torch.exp(log_ratio)
+    a = t.advantages
+    pg_tok = -t.is_weight * torch.minimum(ratio * a, ratio.clamp(1 - args.clip_eps, 1 + args.clip_high) * a)
+    tok = pg_tok + args.vf_coef * v_tok
+    if want_ent:
+        tok = tok - args.ent_coef * ent
+        stats["entropy"] = float((w * ent).sum().detach())
+    if t.ref_logp is not None and args.kl_coef > 0:
+        q = t.ref_logp - logp
+        kl = torch.exp(q) - q - 1
+        tok = tok + args.kl_coef * kl
+        stats["kl_ref"] = float((w * kl).sum().detach())
+    loss = (w * torch.where(t.mask, tok, torch.zeros_like(tok))).sum()
+    with torch.no_grad():
+        clipped = ((ratio < 1 - args.clip_eps) | (ratio > 1 + args.clip_high)) & t.mask
+        stats.update(pg_loss=float((w * pg_tok).sum()), clip_fraction=float((w * clipped).sum()),
+                     approx_kl=float((w * ((ratio - 1) - log_ratio)).sum()))
+    return loss, stats
+
+
+def update(model, critic: Critic, targets: list[PackTargets], args: Args, optimizer, *, pretrain: bool = False,
+           vocab_limit: int | None = None, rng: random.Random | None = None) -> dict[str, float]:
+    """``update_epochs`` epochs of ``minibatches`` optimiser steps over the packs (shuffled each epoch).
+
+    ``optimizer`` holds the policy's and the critic's parameters; gradients are clipped separately.
+    ``pretrain`` trains the critic alone: the policy gets no gradient, so the optimiser (which skips
+    parameters without one) leaves it bit-identical. Returns the stats averaged over minibatches.
+    """
+    rng = rng or random  # the global RNG, which checkpoints save and restore
+    live = [t for t in targets if t.denom > 0]
+    pol = [p for p in model.parameters() if p.requires_grad]
+    val = [p for p in critic.parameters() if p.requires_grad]
+    sums: dict[str, float] = {}
+    n = 0
+    for _ in range(args.update_epochs):
+        order = live[:]
+        rng.shuffle(order)
+        k = max(1, min(args.minibatches, len(order)))
+        for mb in (order[i::k] for i in range(k)):
+            optimizer.zero_grad(set_to_none=True)
+            denom = sum(t.denom for t in mb)
+            for t in mb:
+                loss, st = ppo_loss(model, critic, t, args, denom, value_only=pretrain, vocab_limit=vocab_limit)
+                loss.backward()
+                st["loss"] = float(loss.detach())
+                for key, v in st.items():
+                    sums[key] = sums.get(key, 0.0) + v
+            if not pretrain:
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(
+                    torch.nn.utils.clip_grad_norm_(pol, args.max_grad_norm))
+            elif any(p.grad is not None for p in pol):
+                raise PolicyError("value pretraining produced a policy gradient; the policy must stay frozen")
+            sums["grad_norm_value"] = sums.get("grad_norm_value", 0.0) + float(
+                torch.nn.utils.clip_grad_norm_(val, args.max_grad_norm))
+            optimizer.step()
+            n += 1
+    optimizer.zero_grad(set_to_none=True)
+    return {k: v / n for k, v in sums.items()} if n else {}
+
+
+def batch_metrics(targets: list[PackTargets], is_clip: float) -> dict[str, Any]:
+    """Value fit, advantages and rollout/trainer drift over the trained tokens, overall and per harness."""
+    per: dict[str, list[list[torch.Tensor]]] = {}
+    for t in targets:
+        lw = t.old_logp - t.pack.rollout_logprobs
+        for ti, (s, e) in enumerate(t.pack.tree_ranges):
+            m = t.mask[s:e]
+            cols = [x[s:e][m].double() for x in (t.returns, t.old_values, t.advantages, lw)]
+            per.setdefault(t.pack.trees[ti].meta.get("harness") or "?", []).append(cols)
+    out: dict[str, Any] = {}
+    groups = [("", [c for rows in per.values() for c in rows])] + [(f"{h}/", rows) for h, rows in sorted(per.items())]
+    for prefix, rows in groups:
+        ret, v, adv, lw = (torch.cat([r[i] for r in rows]) if rows else torch.zeros(0, dtype=torch.float64)
+                           for i in range(4))
+        n = int(ret.numel())
+        var = float(ret.var()) if n > 1 else 0.0
+        out[f"{prefix}trained_tokens"] = n
+        out[f"{prefix}explained_variance"] = 1.0 - float((ret - v).var()) / var if var > 0 else None
+        out[f"{prefix}value_abs_error"] = float((ret - v).abs().mean()) if n else None
+        out[f"{prefix}advantage_abs_mean"] = float(adv.abs().mean()) if n else None
+        out[f"{prefix}return_mean"] = float(ret.mean()) if n else None
+        out[f"{prefix}kl_rollout"] = float((torch.exp(lw) - 1 - lw).mean()) if n else None  # k3, KL(rollout||trained)
+        out[f"{prefix}is_clipped_share"] = float((torch.exp(lw) > is_clip).double().mean()) if n else None
+    return out
+
+
+# ---- the loop --------------------------------------------------------------------------------------
+def draw_jobs(args: Args, tasks: list, step: int) -> list[tuple[Any, str]]:
+    """(task, harness) jobs of a step: a seeded draw per step, harnesses by ratio (no repeats within one)."""
+    from trainers.rollouts import harness_plan
+
+    rng = random.Random(args.seed * 1_000_003 + step)
+    jobs = []
+    for harness, n in sorted(harness_plan(args.harnesses, args.tasks_per_step).items()):
+        picks: list = []
+        while len(picks) < n:
+            picks += rng.sample(tasks, min(len(tasks), n - len(picks)))
+        jobs += [(t, harness) for t in picks]
+    return jobs
+
+
+def episode_trees(results) -> list[Any]:
+    """One call tree per episode (``meta`` carries harness and reward); infra failures and empty episodes dropped."""
+    from clawgym_env.capture.tree import CallTree
+
+    return [CallTree.from_episodes([(r.record, list(r.calls))]) for r in results
+            if not r.record.is_infra_failure and r.calls]
+
+
+def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> dict[str, Any]:
+    """Run PPO per ``args``; returns a summary (also written to ``<out_dir>/summary.json``)."""
+    import json
+
+    from clawgym_env.runtime import Runtime
+    from tasks import load_suite
+    from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from trainers.metrics import MetricsLogger, plot_curves, rollout_metrics
+    from trainers.rollouts import run_jobs
+    from trainers.sync import InProcessSync
+
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    policy = policy or TrainablePolicy(args.policy)
+    critic = Critic.for_policy(policy, args.critic, args.value_model, args.value_head_init_std, args.seed)
+    optimizer = torch.optim.AdamW([{"params": policy.trainable_parameters(), "lr": args.learning_rate},
+                                   {"params": [p for p in critic.parameters() if p.requires_grad],
+                                    "lr": args.critic_learning_rate}], weight_decay=args.weight_decay)
+    state = ActorCritic(policy, critic)
+    if args.kl_coef > 0:  # the initial weights, also when resuming
+        policy.freeze_reference()
+    start, version = 1, 0
+    if args.resume and latest_checkpoint(out) is not None:
+        loaded = load_checkpoint(out, state, optimizer)
+        start, version = loaded["step"] + 1, loaded["version"]
+        echo(f"resumed from {loaded['path']} (step {loaded['step']}, version {version})")
+    tasks = list(load_suite(args.suite).tasks)
+    sync = InProcessSync.for_policy(policy, name="ppo")
+    if version:
+        sync.push(policy, version)
+    metrics = MetricsLogger(out, start_step=start)
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
+    last: dict[str, Any] = {}
+    with Runtime(sync.serving, sandbox=args.sandbox, out_dir=out / "episodes") as rt:
+        for step in range(start, args.steps + 1):
+            t0 = time.perf_counter()
+            results = run_jobs(rt, draw_jobs(args, tasks, step), group_size=args.samples_per_task,
+                               sampling=sampling, policy_version=version, concurrency=args.concurrency)
+            row = {**rollout_metrics(results, args.pass_threshold), "rollout_s": time.perf_counter() - t0}
+            trees = episode_trees(results)
+            packs = pack_batch(trees, args.max_pack_tokens, device=policy.device)
+            pretrain = step <= args.value_pretrain_steps
+            model = policy.causal_lm
+            model.eval()
+            targets = prepare(model, critic, packs, args, policy.vocab_limit)
+            if args.kl_coef > 0 and not pretrain:
+                with policy.reference() as ref:
+                    add_reference(targets, ref, args, policy.vocab_limit)
+            model.train()
+            t1 = time.perf_counter()
+            stats = update(model, critic, targets, args, optimizer, pretrain=pretrain, vocab_limit=policy.vocab_limit)
+            if stats and not pretrain:
+                version += 1
+                sync.push(policy, version)
+            row.update(batch_metrics(targets, args.is_clip), **stats, trees=len(trees), packs=len(packs),
+                       phase="value_pretrain" if pretrain else "ppo", version=version,
+                       train_s=time.perf_counter() - t1, step_s=time.perf_counter() - t0)
+            last = metrics.log(step, row)
+            if step % max(1, args.save_every) == 0 or step == args.steps:
+                save_checkpoint(out, step, state, optimizer, config=args, version=version, keep=args.keep_checkpoints)
+            echo(f"ppo step {step}/{args.steps} [{row['phase']}] reward {row.get('reward_mean')} "
+                 f"v_loss {row.get('v_loss')} version {version}")
+    metrics.close()
+    curves = plot_curves(metrics.path, out) if args.plot else None
+    ckpt = latest_checkpoint(out)
+    summary = {"algo": "ppo", "out_dir": str(out), "steps": args.steps, "version": version, "last": last,
+               "curves": str(curves) if curves else None, "checkpoint": str(ckpt) if ckpt else None,
+               "metrics": str(metrics.path)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    if not math.isfinite(float(last.get("loss") or 0.0)):
+        echo("warning: the last loss is not finite")
+    return summary

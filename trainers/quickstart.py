@@ -1,0 +1,225 @@
+"""``clawgym quickstart``: a CPU run that learns, end to end, offline, in about ten minutes.
+
+1. Build a tiny Qwen3-architecture policy (random init) on the real Qwen3 tokenizer.
+2. Evaluate it on the **held-out** split of the ``name_file`` task family (:mod:`tasks.families.name_file`:
+   write ``"<name>.txt"`` containing ``"<word>"``; held-out (name, word) combinations never appear
+   in training) through the real ``mini`` harness in the bwrap sandbox, graded hermetically.
+3. Warm-start by black-box trajectory SFT (:mod:`trainers.sft`) on episodes the scripted expert
+   produced through the same harness on the **train** split; evaluate again.
+4. Run GRPO over call trees (:mod:`trainers.grpo`) through the harness on the train split; evaluate
+   again.
+
+All three evaluations use the same protocol: every held-out task ``eval_samples`` times, sampling
+at the rollout temperature (the policy as it is deployed for RL; greedy decoding is not reported),
+pass = reward 1.0, infrastructure failures excluded and counted. The report prints the three pass
+rates with their episode counts and says plainly whether RL improved over SFT on held-out tasks;
+nothing is tuned on the held-out split. Curves: ``<out>/sft/curves.png``, ``<out>/rl/curves.png``
+and ``<out>/quickstart.png``; the numbers: ``<out>/quickstart.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+FAMILY = Path(__file__).resolve().parents[1] / "tasks" / "families"
+
+
+@dataclasses.dataclass
+class Config:
+    out_dir: str = "runs/quickstart"
+    train_suite: str = str(FAMILY / "name_file_train")
+    heldout_suite: str = str(FAMILY / "name_file_heldout")
+    harness: str = "mini"
+    seed: int = 0
+    concurrency: int = 4
+    temperature: float = 1.0
+    max_tokens: int = 48
+    eval_samples: int = 2
+    hidden_size: int = 64
+    layers: int = 2
+    sft_steps: int = 120
+    sft_batch: int = 8
+    sft_lr: float = 1e-2
+    rl_steps: int = 8
+    rl_groups: int = 4
+    rl_group_size: int = 4
+    rl_lr: float = 1e-3
+
+
+def _rate(ev: dict[str, Any]) -> str:
+    if not ev["episodes"]:
+        return "no scored episode"
+    return f"{ev['pass_rate']:.1%} ({ev['passed']}/{ev['episodes']} episodes" + (
+        f", {ev['infra_failures']} infra failures excluded)" if ev["infra_failures"] else ")")
+
+
+def _plot(report: dict[str, Any], rl_metrics: Path, out: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    from trainers.metrics import read_metrics
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    names = ["before SFT", "after SFT", "after RL"]
+    evs = [report["eval"][k] for k in ("before_sft", "after_sft", "after_rl")]
+    vals = [e["pass_rate"] or 0.0 for e in evs]
+    bars = a.bar(names, vals, color=["#999", "#4a7", "#37c"])
+    for bar, e in zip(bars, evs):
+        a.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + 0.01, f"{e['passed']}/{e['episodes']}",
+               ha="center", fontsize=9)
+    a.set_ylim(0, 1.05)
+    a.set_title(f"held-out pass rate (T={report['config']['temperature']})")
+    rows = read_metrics(rl_metrics)
+    pts = [(r["step"], r["pass_rate"]) for r in rows if isinstance(r.get("pass_rate"), (int, float))]
+    rew = [(r["step"], r["reward_mean"]) for r in rows if isinstance(r.get("reward_mean"), (int, float))]
+    if pts:
+        b.plot(*zip(*pts), marker="o", label="train rollouts: pass rate")
+    if rew:
+        b.plot(*zip(*rew), marker="s", label="train rollouts: mean reward")
+    b.set_ylim(0, 1.05)
+    b.set_xlabel("GRPO step")
+    b.set_title("GRPO rollouts on the train split")
+    b.legend(fontsize=8)
+    b.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "quickstart.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def run(cfg: Config, echo=print) -> dict[str, Any]:
+    import torch
+
+    from clawgym_env.runtime import Runtime
+    from tasks import load_suite
+    from trainers import grpo, sft
+    from trainers.policy import PolicyConfig, TrainablePolicy
+    from trainers.rollouts import evaluate
+    from trainers.sync import InProcessSync
+
+    t_start = time.perf_counter()
+    out = Path(cfg.out_dir)
+    for sub in ("sft", "rl", "eval"):
+        shutil.rmtree(out / sub, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    heldout = list(load_suite(cfg.heldout_suite).tasks)
+    n_train = len(load_suite(cfg.train_suite).tasks)
+    sampling = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
+    pcfg = PolicyConfig(model="tiny", tiny_hidden_size=cfg.hidden_size, tiny_layers=cfg.layers,
+                        tiny_intermediate=2 * cfg.hidden_size, seed=cfg.seed)
+    policy = TrainablePolicy(pcfg)
+    trainable, _ = policy.num_parameters()
+    echo(f"[quickstart] tiny Qwen3: {trainable / 1e6:.1f}M parameters, {cfg.layers} layers, hidden {cfg.hidden_size}, "
+         f"real Qwen3 tokenizer ({len(policy.tokenizer)} tokens); train split {n_train} tasks, "
+         f"held-out {len(heldout)} tasks x {cfg.eval_samples} samples, T={cfg.temperature}")
+    times: dict[str, float] = {}
+
+    def evaluate_now(label: str) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        sync = InProcessSync.for_policy(policy, name=f"tiny-{label}")
+        with Runtime(sync.serving, out_dir=out / "eval" / label) as rt:
+            ev = evaluate(rt, heldout, cfg.harness, samples=cfg.eval_samples, sampling=sampling,
+                          concurrency=cfg.concurrency)
+        ev.pop("results")
+        times[f"eval_{label}_s"] = time.perf_counter() - t0
+        echo(f"[quickstart] held-out pass rate {label.replace('_', ' ')}: {_rate(ev)}  "
+             f"[{times[f'eval_{label}_s']:.0f} s]")
+        return ev
+
+    report: dict[str, Any] = {"config": dataclasses.asdict(cfg), "eval": {}}
+    report["eval"]["before_sft"] = evaluate_now("before_sft")
+
+    t0 = time.perf_counter()
+    sft_args = sft.Args(out_dir=str(out / "sft"), seed=cfg.seed, suite=cfg.train_suite, harness=cfg.harness,
+                        concurrency=cfg.concurrency, policy=pcfg, steps=cfg.sft_steps, batch_episodes=cfg.sft_batch,
+                        learning_rate=cfg.sft_lr, log_every=5, save_model=False, progress=True)
+    episodes, counts = sft.collect_expert(sft_args)
+    times["expert_s"] = time.perf_counter() - t0
+    echo(f"[quickstart] expert through {cfg.harness}: kept {counts['expert_kept']}/{counts['expert_episodes']} episodes "
+         f"({counts['expert_infra_failures']} infra failures) [{times['expert_s']:.0f} s]")
+    t0 = time.perf_counter()
+    sft_summary = sft.train(sft_args, policy=policy, episodes=episodes)
+    times["sft_s"] = time.perf_counter() - t0
+    echo(f"[quickstart] SFT: {cfg.sft_steps} steps, last token NLL {sft_summary['last'].get('token_nll', float('nan')):.3f} "
+         f"[{times['sft_s']:.0f} s]")
+    report["eval"]["after_sft"] = evaluate_now("after_sft")
+
+    t0 = time.perf_counter()
+    rl_args = grpo.Args(out_dir=str(out / "rl"), seed=cfg.seed, steps=cfg.rl_steps, resume=False, save_every=cfg.rl_steps,
+                        suite=cfg.train_suite, harnesses={cfg.harness: 1.0}, groups_per_step=cfg.rl_groups,
+                        group_size=cfg.rl_group_size, concurrency=cfg.concurrency, temperature=cfg.temperature,
+                        max_tokens=cfg.max_tokens, policy=pcfg, learning_rate=cfg.rl_lr, progress=True)
+    rl_summary = grpo.train(rl_args, policy=policy)
+    times["rl_s"] = time.perf_counter() - t0
+    echo(f"[quickstart] GRPO: {cfg.rl_steps} steps x {cfg.rl_groups} groups x {cfg.rl_group_size} rollouts, "
+         f"{rl_summary['version']} updates [{times['rl_s']:.0f} s]")
+    report["eval"]["after_rl"] = evaluate_now("after_rl")
+
+    times["total_s"] = time.perf_counter() - t_start
+    report["times"] = times
+    ev = report["eval"]
+    report["curves"] = {"sft": sft_summary.get("curves"), "rl": rl_summary.get("curves"),
+                        "summary": str(_plot(report, Path(rl_summary["metrics"]), out) or "")}
+    verdict = _verdict(ev["after_sft"], ev["after_rl"])
+    report["verdict"] = verdict
+    (out / "quickstart.json").write_text(json.dumps(report, indent=2, default=str))
+    echo("")
+    echo("== quickstart: held-out pass rate (name_file, mini harness, "
+         f"T={cfg.temperature}, {cfg.eval_samples} samples per task)")
+    for key, label in (("before_sft", "before SFT"), ("after_sft", "after SFT "), ("after_rl", "after RL  ")):
+        echo(f"   {label}: {_rate(ev[key])}")
+    echo(f"   {verdict}")
+    echo(f"   curves: {report['curves']['summary']}, {report['curves']['sft']}, {report['curves']['rl']}")
+    echo(f"   wall time {times['total_s'] / 60:.1f} min; report {out / 'quickstart.json'}")
+    return report
+
+
+def _verdict(sft_ev: dict[str, Any], rl_ev: dict[str, Any]) -> str:
+    """One plain sentence comparing RL with SFT on held-out tasks, with a rough significance check."""
+    if not sft_ev["episodes"] or not rl_ev["episodes"]:
+        return "RL vs SFT: not comparable (an evaluation had no scored episode)."
+    p1, n1, p2, n2 = sft_ev["pass_rate"], sft_ev["episodes"], rl_ev["pass_rate"], rl_ev["episodes"]
+    pooled = (sft_ev["passed"] + rl_ev["passed"]) / (n1 + n2)
+    se = math.sqrt(max(pooled * (1 - pooled) * (1 / n1 + 1 / n2), 1e-12))
+    z = (p2 - p1) / se
+    diff = f"{p2 - p1:+.1%} ({p1:.1%} -> {p2:.1%}, z = {z:.1f})"
+    if p2 > p1 and z >= 1.96:
+        return f"RL improved over SFT on held-out tasks: {diff}."
+    if p2 > p1:
+        return f"RL did NOT clearly improve over SFT on held-out tasks: {diff} is within noise at this sample size."
+    return f"RL did NOT improve over SFT on held-out tasks: {diff}."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        p.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=f"(default: {f.default})")
+    return p
+
+
+def main_args(args: argparse.Namespace) -> int:
+    run(Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = add_arguments(argparse.ArgumentParser(prog="clawgym quickstart", description=__doc__.splitlines()[0]))
+    return main_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Black-box trajectory SFT: imitate expert episodes captured through a harness.
+
+The expert (by default the scripted expert, ``scripted:expert``) solves the train tasks through a
+real harness behind the serving proxy; every model call it made is captured at token level. The
+policy is then trained to maximise the log-likelihood of the **sampled tokens** of those calls —
+the assistant outputs exactly as the harness received them — with all context tokens (system
+prompt, tool schemas, user turns, tool results, and whatever the harness rewrote) masked out.
+
+Batches: ``batch_episodes`` episodes (different tasks) form one call tree, so the harness's
+shared system prompt and tool schemas are computed once per batch, not once per call. Loss: the
+mean over episodes of each episode's mean token NLL (the same normalisation as GRPO's, via
+:func:`trainers.tree_batch.build_pack` with advantage 1), so an expert episode with many calls
+weighs no more than a short one. Episodes below ``min_reward`` (a demonstration that failed) and
+infrastructure failures are not trained on; tokens only on calls recorded as not token-exact are
+masked (see :mod:`trainers.tree_batch`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clawgym_env.errors import PolicyError
+from trainers.checkpoint import save_checkpoint
+from trainers.logprobs import token_logprobs
+from trainers.metrics import MetricsLogger, plot_curves
+from trainers.policy import PolicyConfig, TrainablePolicy
+from trainers.rollouts import run_jobs
+from trainers.tree_batch import EpisodePair, TrainPack, as_episode, build_pack, episodes_tree
+
+
+@dataclasses.dataclass
+class Args:
+    out_dir: str = "runs/sft"
+    seed: int = 0
+    suite: str = "builtin"
+    harness: str = "mini"
+    expert: str = "scripted:expert"
+    episodes_per_task: int = 1
+    min_reward: float = 1.0
+    sandbox: str = "bwrap"
+    concurrency: int = 4
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    steps: int = 100
+    batch_episodes: int = 8
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    chunk_size: int = 1024
+    log_every: int = 10
+    save_model: bool = True
+    """write ``<out_dir>/model`` (a plain model dir: ``transformers:<out_dir>/model`` serves it)"""
+    tensorboard: bool = False
+    plot: bool = True
+    progress: bool = True
+
+
+def collect_expert(args: Args, tasks: list | None = None) -> tuple[list[EpisodePair], dict[str, Any]]:
+    """Run the expert through the harness on the suite; returns (kept episodes, counts)."""
+    from clawgym_env.runtime import Runtime
+    from tasks import load_suite
+
+    tasks = tasks if tasks is not None else list(load_suite(args.suite).tasks)
+    with Runtime(args.expert, sandbox=args.sandbox, out_dir=Path(args.out_dir) / "expert_episodes") as rt:
+        results = run_jobs(rt, [(t, args.harness) for t in tasks], group_size=args.episodes_per_task,
+                           concurrency=args.concurrency)
+    eps = [as_episode(r) for r in results]
+    kept = [(rec, calls) for rec, calls in eps
+            if not rec.is_infra_failure and rec.reward >= args.min_reward and calls]
+    counts = {"expert_episodes": len(eps), "expert_kept": len(kept),
+              "expert_infra_failures": sum(rec.is_infra_failure for rec, _ in eps),
+              "expert_reward_mean": sum(rec.reward for rec, _ in eps) / len(eps) if eps else None}
+    return kept, counts
+
+
+def sft_pack(episodes: list[EpisodePair], device=None) -> TrainPack:
+    """One pack over ``episodes`` (one tree), every episode weighted by ``1 / (B · N_e)`` per token."""
+    return build_pack([(episodes_tree(episodes), [1.0] * len(episodes), {"group": 0})], device=device)
+
+
+def sft_loss(logp: torch.Tensor, pack: TrainPack) -> torch.Tensor:
+    """Weighted NLL of the trainable (sampled) tokens: the mean over episodes of per-episode means."""
+    return -(pack.pair_weight * logp[pack.pair_token]).sum()
+
+
+def train(args: Args, *, policy: TrainablePolicy | None = None, episodes: list[EpisodePair] | None = None,
+          echo=print) -> dict[str, Any]:
+    """SFT per ``args`` (expert episodes collected unless given); returns a summary."""
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    counts: dict[str, Any] = {}
+    if episodes is None:
+        episodes, counts = collect_expert(args)
+    if not episodes:
+        raise PolicyError("no expert episode to train on (all failed, scored below min_reward or had no calls)")
+    policy = policy or TrainablePolicy(args.policy)
+    model = policy.causal_lm
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    metrics = MetricsLogger(out, tensorboard=args.tensorboard)
+    bar = None
+    if args.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=args.steps, desc="sft", unit="step")
+    order: list[int] = []
+    t_start = time.perf_counter()
+    tokens = 0
+    last: dict[str, Any] = {}
+    for step in range(1, args.steps + 1):
+        t0 = time.perf_counter()
+        if len(order) < args.batch_episodes:  # epochs: every episode once before any repeats
+            fresh = list(range(len(episodes)))
+            rng.shuffle(fresh)
+            order += fresh
+        batch = [episodes[i] for i in order[:args.batch_episodes]]
+        del order[:args.batch_episodes]
+        pack = sft_pack(batch, device=policy.device)
+        logp = token_logprobs(model, pack.packed, args.chunk_size, mask=pack.trainable,
+                              vocab_limit=policy.vocab_limit)
+        loss = sft_loss(logp, pack)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), args.max_grad_norm))
+        optimizer.step()
+        tokens += pack.num_tokens
+        dt = time.perf_counter() - t0
+        if step % max(1, args.log_every) == 0 or step == args.steps:
+            with torch.no_grad():
+                m = pack.trainable
+                tok_nll = float(-(logp[m]).mean())
+            last = metrics.log(step, {"loss": float(loss.detach()), "token_nll": tok_nll, "grad_norm": grad_norm,
+                                      "train_tokens": pack.num_tokens, "trainable_tokens": pack.num_trainable,
+                                      "train_tokens_per_s": pack.num_tokens / dt if dt > 0 else None, **counts})
+        if bar is not None:
+            bar.set_postfix_str(f"loss {float(loss.detach()):.3f}")
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    metrics.close()
+    save_checkpoint(out, args.steps, policy, optimizer, config=args, version=0, keep=1)
+    model_dir = policy.save_pretrained(out / "model") if args.save_model else None
+    curves = plot_curves(metrics.path, out) if args.plot else None
+    summary = {"algo": "sft", "out_dir": str(out), "steps": args.steps, "episodes": len(episodes), **counts,
+               "last": last, "model_dir": str(model_dir) if model_dir else None,
+               "train_s": time.perf_counter() - t_start, "train_tokens": tokens,
+               "curves": str(curves) if curves else None, "metrics": str(metrics.path)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary

@@ -1,0 +1,203 @@
+"""``clawgym train --config FILE``: a YAML or JSON config → an algorithm's ``Args`` → its loop.
+
+A config is a mapping whose ``algo`` key names the algorithm (default ``grpo``); the algorithm is
+the module ``trainers.<algo>``, which exports an ``Args`` dataclass and ``train(args) -> summary``
+(``grpo``, ``sft``; a new algorithm needs only its module). Every other key is a field of ``Args``;
+nested dataclasses (``policy:``) are nested mappings. ``--set key=value`` overrides a key after the
+file is read (dotted for nested keys, the value parsed as YAML: ``--set policy.lora_rank=8``).
+
+Invariants: an unknown key, or a value of the wrong type, is an error naming the key (and close
+matches) before anything runs; relative paths in the config stay relative to the current directory;
+the run's resolved config is written to ``<out_dir>/config.json`` before training starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import importlib
+import json
+import sys
+import time
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from clawgym_env.errors import ClawGymError
+
+
+class ConfigError(ClawGymError):
+    """A training config that cannot be turned into the algorithm's Args."""
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read a YAML (``.yaml``/``.yml``) or JSON config file into a dict."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # noqa: BLE001 - any parse error is a config error with the file
+        raise ConfigError(f"{path}: cannot parse ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of Args fields, got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``["a.b=1", ...]`` → nested keys set (values parsed as YAML)."""
+    import yaml
+
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: use KEY=VALUE (e.g. --set steps=3 or --set policy.lora_rank=8)")
+        node = data
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {p!r} is not a mapping")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def _check(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for opt in options:
+            if opt is type(None):
+                continue
+            try:
+                return _check(value, opt, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping of {hint.__name__} fields, got {value!r}")
+        return build_args(hint, value, where)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (item,) = typing.get_args(hint)[:1] or (Any,)
+        return [_check(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        _, vt = typing.get_args(hint) or (Any, Any)
+        return {str(k): _check(v, vt, f"{where}.{k}") for k, v in value.items()}
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, str, bool) and not (isinstance(value, hint) and (hint is bool or not isinstance(value, bool))):
+        raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}")
+    return value
+
+
+def build_args(cls: type, data: dict[str, Any], where: str = "config") -> Any:
+    """An instance of the dataclass ``cls`` from ``data`` (type-checked, unknown keys rejected)."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        k = unknown[0]
+        close = difflib.get_close_matches(k, names, n=3)
+        raise ConfigError(f"{where}: unknown key {k!r}" + (f"; did you mean {', '.join(close)}?" if close else "")
+                          + f" (fields of {cls.__name__}: {', '.join(names)})")
+    kwargs = {k: _check(v, hints[k], f"{where}.{k}") for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def algorithm(name: str):
+    """The module ``trainers.<name>`` (must export ``Args`` and ``train``)."""
+    try:
+        module = importlib.import_module(f"trainers.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"trainers.{name}":
+            raise
+        raise ConfigError(f"unknown algo {name!r}: there is no module trainers.{name} (available: grpo, sft)") from exc
+    if not (hasattr(module, "Args") and hasattr(module, "train")):
+        raise ConfigError(f"trainers.{name} is not an algorithm (it must export Args and train)")
+    return module
+
+
+def args_from_config(data: dict[str, Any]) -> tuple[Any, Any]:
+    """(algorithm module, its Args) from a config mapping."""
+    data = dict(data)
+    name = str(data.pop("algo", "grpo"))
+    module = algorithm(name)
+    return module, build_args(module.Args, data)
+
+
+def format_summary(summary: dict[str, Any], wall_s: float) -> str:
+    last = summary.get("last") or {}
+    lines = [f"== {summary.get('algo')} finished in {wall_s:.1f} s: {summary.get('out_dir')}"]
+    for key in ("steps", "version", "episodes", "expert_kept", "checkpoint", "model_dir", "metrics", "curves"):
+        if summary.get(key) is not None:
+            lines.append(f"   {key}: {summary[key]}")
+    shown = {k: v for k, v in last.items() if k not in ("time",) and v is not None
+             and (k.endswith(("reward_mean", "pass_rate", "episodes", "infra_failures")) or
+                  k in ("step", "loss", "kl_rollout", "clip_fraction", "groups_trained", "groups", "token_nll"))}
+    if shown:
+        lines.append("   last step: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                   for k, v in shown.items()))
+    return "\n".join(lines)
+
+
+def run(config: str | Path | dict[str, Any], overrides: list[str] | None = None, *, resume: bool | None = None,
+        echo=print) -> dict[str, Any]:
+    """Load, check and run a config; prints and returns the summary. ``resume=False`` starts fresh
+    even when ``out_dir`` holds a checkpoint (for algorithms that resume)."""
+    data = load_config(config) if not isinstance(config, dict) else dict(config)
+    data = apply_overrides(data, list(overrides or []))
+    module, args = args_from_config(data)
+    if resume is not None and hasattr(args, "resume"):
+        args.resume = resume
+    out = Path(getattr(args, "out_dir", "runs/train"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps({"algo": module.__name__.rsplit(".", 1)[-1],
+                                                 **dataclasses.asdict(args)}, indent=2))
+    t0 = time.perf_counter()
+    summary = module.train(args)
+    echo(format_summary(summary, time.perf_counter() - t0))
+    return summary
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--config", required=True, help="YAML or JSON file: algo + the algorithm's Args fields")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (dotted for nested keys), e.g. --set steps=3")
+    p.add_argument("--no-resume", action="store_true", help="start fresh even if out_dir has a checkpoint")
+    return p
+
+
+def main_args(args: argparse.Namespace) -> int:
+    run(args.config, list(args.overrides), resume=False if args.no_resume else None)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = add_arguments(argparse.ArgumentParser(prog="clawgym train", description=__doc__.splitlines()[0]))
+    try:
+        return main_args(parser.parse_args(argv))
+    except ClawGymError as exc:
+        print(f"clawgym train: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""Episodes → group trees → packed training batches with per-(token, episode) pairs.
+
+Pipeline: :func:`make_groups` buckets rollouts by ``(suite, task_id, harness)``, drops infrastructure
+failures (never scored 0), computes GRPO advantages and skips groups whose rewards are all equal;
+:func:`pack_groups` packs each group's :class:`~clawgym_env.capture.tree.CallTree` (shared prefixes
+once) into :class:`TrainPack` s.
+
+The unit of the loss is a **pair** ``(token t, episode e)``: a sampled token shared by several
+episodes (an identical prefix they all sampled) appears once in the pack but in one pair per
+episode, each with its own advantage, because a clipped surrogate is not linear in the advantage.
+Pair weights follow :func:`trainers.advantages.episode_token_weights` — each episode's loss is the
+mean over its own distinct trainable tokens, the group the mean over its ``G`` episodes — divided
+by the number of groups in the step, so a loss ``Σ pair_weight · term`` is the mean over groups
+whatever the packing, and an episode that splits into many calls or branches weighs no more than a
+one-call episode.
+
+Token exactness: a call recorded as not token-exact (a turn of its history was re-rendered from
+text, or the ids were re-encoded from an upstream's text) has prompt ids the policy may never have
+produced and, for a passthrough, meaningless logprobs. A sampled token is **trainable** only when
+at least one token-exact call passes through its node; tokens that lie only on inexact calls are
+masked (counted in ``masked_inexact_tokens``) and excluded from ``N_e``. Trainable tokens also need
+a predecessor and a recorded rollout logprob.
+
+Invariants of a :class:`TrainPack` (``T`` packed tokens, ``P`` pairs):
+
+* ``pair_token`` indexes ``trainable`` tokens only; ``pair_weight > 0``;
+* ``token_weight[t] == Σ pair_weight over the pairs of t`` (0 on untrainable tokens);
+* over all packs of one step, ``Σ pair_weight == (episodes with trainable tokens) / (G · groups)``
+  summed per group, so at most 1;
+* ``pair_episode`` indexes ``episodes`` (one dict per episode of the pack: group, harness,
+  episode_id, reward, advantage, trainable token count).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from clawgym_env.capture.records import CallRecord, EpisodeRecord
+from clawgym_env.capture.tree import CallTree
+from clawgym_env.errors import PolicyError
+from trainers.advantages import group_advantages, is_constant, node_episodes
+from trainers.packing import PackedTree, pack_trees, tree_tokens
+
+EpisodePair = tuple[EpisodeRecord, list[CallRecord]]
+
+
+def as_episode(item: Any) -> EpisodePair:
+    """An ``EpisodeResult``, a ``(record, calls)`` pair or a dict with both → ``(record, calls)``."""
+    if isinstance(item, tuple) and len(item) == 2:
+        return item[0], list(item[1])
+    if hasattr(item, "record") and hasattr(item, "calls"):
+        return item.record, list(item.calls)
+    if isinstance(item, dict) and "episode" in item and "calls" in item:  # an env step's info
+        return (EpisodeRecord.model_validate(item["episode"]),
+                [c if isinstance(c, CallRecord) else CallRecord.model_validate(c) for c in item["calls"]])
+    raise PolicyError(f"cannot read an episode from {type(item).__name__}; pass EpisodeResult or (record, calls)")
+
+
+def group_key(record: EpisodeRecord) -> tuple[str, str, str]:
+    return (record.suite or "-", record.task_id, record.harness)
+
+
+@dataclasses.dataclass
+class Group:
+    """The kept episodes of one (suite, task, harness); ``skipped`` says why it does not train."""
+
+    key: tuple[str, str, str]
+    episodes: list[EpisodePair]
+    rewards: list[float]
+    advantages: list[float]
+    infra_excluded: int = 0
+    skipped: str | None = None  # "constant_reward" | "all_infra" | "no_tokens"
+    tree: CallTree | None = None
+
+    @property
+    def harness(self) -> str:
+        return self.key[2]
+
+
+def make_groups(results: Iterable[Any], *, normalize_std: bool = True) -> list[Group]:
+    """Bucket rollouts into groups (first-seen order), drop infra failures, score advantages, build trees."""
+    buckets: dict[tuple[str, str, str], list[EpisodePair]] = {}
+    infra: dict[tuple[str, str, str], int] = defaultdict(int)
+    for item in results:
+        rec, calls = as_episode(item)
+        key = group_key(rec)
+        buckets.setdefault(key, [])
+        if rec.is_infra_failure:
+            infra[key] += 1
+            continue
+        buckets[key].append((rec, calls))
+    groups = []
+    for key, eps in buckets.items():
+        rewards = [float(r.reward) for r, _ in eps]
+        g = Group(key, eps, rewards, [0.0] * len(eps), infra_excluded=infra[key])
+        if not eps:
+            g.skipped = "all_infra"
+        elif is_constant(rewards):
+            g.skipped = "constant_reward"
+        elif not any(calls for _, calls in eps):
+            g.skipped = "no_tokens"
+        else:
+            g.advantages = group_advantages(rewards, normalize_std=normalize_std)
+            g.tree = CallTree.from_episodes(eps)
+        groups.append(g)
+    return groups
+
+
+def episodes_tree(episodes: Sequence[EpisodePair]) -> CallTree:
+    """One tree over episodes of possibly different tasks (an SFT batch), with ``meta["call_episode"]``."""
+    flat: list[CallRecord] = []
+    call_episode: list[int] = []
+    summary = []
+    for e, (rec, calls) in enumerate(episodes):
+        start = len(flat)
+        flat.extend(calls)
+        call_episode.extend([e] * len(calls))
+        summary.append({"episode_id": rec.episode_id, "task_id": rec.task_id, "harness": rec.harness,
+                        "reward": rec.reward, "status": rec.status, "calls": list(range(start, len(flat)))})
+    return CallTree.from_calls(flat, {"call_episode": call_episode, "episodes": summary})
+
+
+def inexact_nodes(tree: CallTree) -> set[int]:
+    """Nodes every call through which was recorded as not token-exact."""
+    bad = {int(c) for c in tree.meta.get("inexact_calls", [])}
+    if not bad:
+        return set()
+    return {n.id for n in tree.nodes if n.calls and all(c in bad for c in n.calls)}
+
+
+@dataclasses.dataclass
+class TrainPack:
+    """One packed sequence plus its training pairs (see the module invariants)."""
+
+    packed: PackedTree
+    trainable: torch.Tensor      # [T] bool
+    token_weight: torch.Tensor   # [T] float32
+    pair_token: torch.Tensor     # [P] long
+    pair_episode: torch.Tensor   # [P] long, index into episodes
+    pair_weight: torch.Tensor    # [P] float32
+    pair_adv: torch.Tensor       # [P] float32
+    episodes: list[dict[str, Any]]
+    masked_inexact_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.packed.num_tokens
+
+    @property
+    def num_trainable(self) -> int:
+        return int(self.trainable.sum())
+
+    def to(self, device) -> "TrainPack":
+        moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for k, v in moved.items():
+            if isinstance(v, torch.Tensor):
+                moved[k] = v.to(device)
+        moved["packed"] = self.packed.to(device)
+        return TrainPack(**moved)
+
+
+def build_pack(items: Sequence[tuple[CallTree, Sequence[float], dict[str, Any]]], *, scale: float = 1.0,
+               device: str | torch.device | None = None) -> TrainPack:
+    """Pack ``(tree, per-episode advantages, info)`` items into one :class:`TrainPack`.
+
+    ``advantages[e]`` belongs to episode position ``e`` of the tree (``meta["call_episode"]``; a
+    tree without it is one episode); ``G = len(advantages)``; every pair weight is multiplied by
+    ``scale`` (``1 / groups in the step``). ``info`` (e.g. ``{"group": 3, "harness": "mini"}``) is
+    copied into each episode's entry of ``TrainPack.episodes``.
+    """
+    packed = pack_trees([t for t, _, _ in items], device=device)
+    can_train = packed.target_mask & packed.logprob_known
+    trainable = torch.zeros_like(can_train)
+    token_weight = torch.zeros(packed.num_tokens, dtype=torch.float32, device=can_train.device)
+    p_tok: list[int] = []
+    p_ep: list[int] = []
+    p_w: list[float] = []
+    p_adv: list[float] = []
+    episodes: list[dict[str, Any]] = []
+    masked = 0
+    for ti, (tree, advs, info) in enumerate(items):
+        members = node_episodes(tree)
+        bad = inexact_nodes(tree)
+        node_ok: dict[int, torch.Tensor] = {}
+        counts = [0] * len(advs)
+        for node in tree.nodes:  # N_e over trainable tokens only
+            sl = packed.node_slice(ti, node.id)
+            ok = can_train[sl]
+            if node.id in bad:
+                masked += int(ok.sum())
+                ok = torch.zeros_like(ok)
+            node_ok[node.id] = ok
+            n = int(ok.sum())
+            for e in members[node.id]:
+                if e >= len(advs):
+                    raise PolicyError(f"tree {tree.meta.get('tree_id')} has episode {e} but only {len(advs)} advantages")
+                counts[e] += n
+        base = len(episodes)
+        ep_meta = tree.meta.get("episodes") or [{}] * len(advs)
+        for e, a in enumerate(advs):
+            src = ep_meta[e] if e < len(ep_meta) else {}
+            episodes.append({**info, "episode_id": src.get("episode_id"), "reward": src.get("reward"),
+                             "advantage": float(a), "trainable_tokens": counts[e]})
+        g = len(advs)
+        for node in tree.nodes:
+            ok = node_ok[node.id]
+            if not bool(ok.any()):
+                continue
+            idx = (torch.nonzero(ok)[:, 0] + packed.node_slice(ti, node.id).start).tolist()
+            trainable[idx] = True
+            for e in members[node.id]:
+                if counts[e] == 0:
+                    continue
+                w = scale / (g * counts[e])
+                token_weight[idx] += w
+                p_tok.extend(idx)
+                p_ep.extend([base + e] * len(idx))
+                p_w.extend([w] * len(idx))
+                p_adv.extend([float(advs[e])] * len(idx))
+    dev = can_train.device
+    return TrainPack(packed=packed, trainable=trainable, token_weight=token_weight,
+                     pair_token=torch.tensor(p_tok, dtype=torch.long, device=dev),
+                     pair_episode=torch.tensor(p_ep, dtype=torch.long, device=dev),
+                     pair_weight=torch.tensor(p_w, dtype=torch.float32, device=dev),
+                     pair_adv=torch.tensor(p_adv, dtype=torch.float32, device=dev),
+                     episodes=episodes, masked_inexact_tokens=masked)
+
+
+def pack_groups(groups: Sequence[Group], *, max_tokens: int | None = None,
+                device: str | torch.device | None = None) -> list[TrainPack]:
+    """Pack the trainable groups (``skipped is None``), several per pack up to ``max_tokens``.
+
+    A group is never split (its shared prefix is computed once); without ``max_tokens`` each group
+    is its own pack. Pair weights carry ``1 / (number of trainable groups)``.
+    """
+    live = [(i, g) for i, g in enumerate(groups) if g.skipped is None and g.tree is not None]
+    if not live:
+        return []
+    scale = 1.0 / len(live)
+    batches: list[list[tuple[int, Group]]] = []
+    size = 0
+    for i, g in live:
+        n = tree_tokens(g.tree)
+        if batches and max_tokens is not None and size + n <= max_tokens:
+            batches[-1].append((i, g))
+            size += n
+        else:
+            batches.append([(i, g)])
+            size = n
+    return [build_pack([(g.tree, g.advantages, {"group": i, "harness": g.harness, "task_id": g.key[1]})
+                        for i, g in batch], scale=scale, device=device) for batch in batches]
+
+
+def scatter_node_values(pack: TrainPack, values: Sequence[Sequence[Sequence[float]]]) -> torch.Tensor:
+    """Per-tree, per-node token lists (e.g. :func:`trainers.advantages.tree_gae` output, one entry per
+    packed tree) → a [T] float32 tensor aligned with the pack's tokens."""
+    packed = pack.packed
+    if len(values) != len(packed.trees):
+        raise PolicyError(f"{len(values)} value lists for a pack of {len(packed.trees)} trees")
+    flat = [0.0] * packed.num_tokens
+    for ti, per_node in enumerate(values):
+        for nid, row in enumerate(per_node):
+            sl = packed.node_slice(ti, nid)
+            if len(row) != sl.stop - sl.start:
+                raise PolicyError(f"tree {ti} node {nid}: {len(row)} values for {sl.stop - sl.start} tokens")
+            flat[sl] = [float(v) for v in row]
+    return torch.tensor(flat, dtype=torch.float32, device=packed.input_ids.device)
+
+
+def group_summary(groups: Sequence[Group]) -> dict[str, Any]:
+    """Counts for metrics: groups trained/skipped and why, infra failures excluded."""
+    out: dict[str, Any] = {"groups": len(groups), "groups_trained": sum(g.skipped is None for g in groups)}
+    for reason in ("constant_reward", "all_infra", "no_tokens"):
+        out[f"groups_skipped_{reason}"] = sum(g.skipped == reason for g in groups)
+    out["episodes_infra_excluded"] = sum(g.infra_excluded for g in groups)
+    return out
