@@ -2,7 +2,7 @@
 
 A config is a mapping whose ``algo`` key names the algorithm (default ``grpo``); the algorithm is
 the module ``trainers.<algo>``, which exports an ``Args`` dataclass and ``train(args) -> summary``
-(``grpo``, ``sft``; a new algorithm needs only its module). Every other key is a field of ``Args``;
+(``grpo``, ``ppo``, ``sft``; a new algorithm needs only its module). Every other key is a field of ``Args``;
 nested dataclasses (``policy:``) are nested mappings. ``--set key=value`` overrides a key after the
 file is read (dotted for nested keys, the value parsed as YAML: ``--set policy.lora_rank=8``).
 
@@ -129,10 +129,18 @@ def algorithm(name: str):
     except ModuleNotFoundError as exc:
         if exc.name != f"trainers.{name}":
             raise
-        raise ConfigError(f"unknown algo {name!r}: there is no module trainers.{name} (available: grpo, sft)") from exc
+        raise ConfigError(f"unknown algo {name!r}: there is no module trainers.{name} (available: "
+                          f"{', '.join(available_algorithms())})") from exc
     if not (hasattr(module, "Args") and hasattr(module, "train")):
         raise ConfigError(f"trainers.{name} is not an algorithm (it must export Args and train)")
     return module
+
+
+def available_algorithms() -> list[str]:
+    """Modules of ``trainers/`` that export ``Args`` and ``train`` (found by reading, not importing)."""
+    here = Path(__file__).resolve().parent
+    return sorted(p.stem for p in here.glob("*.py")
+                  if "\nclass Args" in (text := p.read_text(encoding="utf-8")) and "\ndef train(" in text)
 
 
 def args_from_config(data: dict[str, Any]) -> tuple[Any, Any]:
