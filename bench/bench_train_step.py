@@ -1,20 +1,50 @@
 """Benchmark one GRPO training step: packed call tree vs per-call samples (the flat way).
 
-Data: a group of ``--group`` synthetic episodes shaped like captured ``mini`` episodes — the real
-mini system prompt and tool schemas rendered by the Qwen3 chat template, then ``--calls`` turns,
-each call's prompt = the previous prompt + its output + a tool result (token-exact chains), so
-consecutive calls share everything but their tail; the episodes share the system prompt and task.
+Data, one of:
 
-* **packed**: the group is one call tree → one packed sequence with a tree attention mask → one
-  forward/backward (:mod:`trainers.tree_batch`, :func:`trainers.grpo.grpo_loss`).
+* ``--episodes-dir DIR``: captured episodes in the layout ``bench/capture_long_episodes.py`` writes (one
+  folder per episode with ``calls.jsonl`` + ``episode.json``, read with the project's readers); the
+  first ``--group`` of them (sorted by folder name) form the group. They must share one (task, harness)
+  — one GRPO group. The scripted policy does not solve the task, so every captured reward is 0 and a
+  constant-reward group would not be trained: the bench REPLACES the rewards by 1, 0, 1, 0, ... (it
+  says so in its output) so that advantages are non-zero.
+  A realistic group: episodes of one task sampled from one policy share the harness's system prompt,
+  the task and then diverge. The scripted expert is deterministic, so ``--episodes 4`` with one
+  ``--steps`` gives four token-identical episodes (one chain: nothing to branch). Capturing one episode
+  each with ``--steps 10``, ``11``, ``12`` and ``13`` into one folder gives 11-14 calls per episode that
+  share the ~20k-token Claude Code prompt and ten turns, then branch (the tree then has 4 leaves and
+  3 branch points): a group whose rollouts agree for most of the episode, as a low-entropy policy's do.
+  Rollouts that diverge from the first sampled token would share less than that (only the prompt).
+* otherwise a group of ``--group`` synthetic episodes shaped like captured ``mini`` episodes — the real
+  mini system prompt and tool schemas rendered by the Qwen3 chat template, then ``--calls`` turns,
+  each call's prompt = the previous prompt + its output + a tool result (token-exact chains), so
+  consecutive calls share everything but their tail; the episodes share the system prompt and task.
+
+Modes (``--modes``, default all three):
+
+* **packed_dense**: the group is one call tree → one packed sequence → ONE forward/backward with a
+  dense [T, T] tree attention mask (``mask_form="additive"``; :mod:`trainers.tree_batch`,
+  :func:`trainers.grpo.grpo_loss`).
+* **packed_prefix**: the same pack through the prefix-KV-reuse forward (``mask_form="prefix_cache"``,
+  what ``auto`` picks for a branched pack under sdpa/eager): one forward per tree segment with its
+  ancestors' keys/values as a cache, no T x T mask (:func:`trainers.logprobs.prefix_cache_hidden_states`).
 * **flat**: every call is its own causal sequence (prompt + output), forward/backward one after the
   other with gradients accumulated — what a trainer without trees does, the memory-friendly way.
 
-Both use the same model, the same chunked LM head and the same loss weights (each episode's token
+All use the same model, the same chunked LM head and the same loss weights (each episode's token
 mean, then the mean over episodes), so the loss values agree and the difference is the tokens
 processed. Each mode runs in a fresh subprocess; peak memory is that process's peak RSS above its
 RSS before the step (CPU) or ``torch.cuda.max_memory_allocated`` (CUDA). Prints one JSON line per
-mode and the ratios. Example: ``python bench/bench_train_step.py --calls 12 --group 4``.
+mode and the ratios flat / mode. Examples: ``python bench/bench_train_step.py --calls 12 --group 4``;
+``python bench/bench_train_step.py --episodes-dir runs/long-cc-group --group 4``.
+
+Reading the numbers: a packed step processes ``tokens_processed`` fewer tokens through the layers,
+but the LM head runs on the sampled tokens in every mode (the same count, minus prefixes several
+episodes sampled identically), so the wall-time gain grows with the model's layer cost relative to its
+151k-row head. With ``sdpa`` and a dense tree mask, attention over one packed sequence of T tokens
+holds T x T mask entries and scores (on CPU that made the packed step slower and heavier than the
+flat one); the prefix-cache forward holds only each segment's queries x [ancestors + own] keys.
+``attn_implementation="flex_attention"`` (a block-sparse mask, GPU) avoids the T x T tensors too.
 """
 
 from __future__ import annotations
@@ -64,6 +94,23 @@ def synthetic_group(tok, group: int, calls: int, seed: int = 0):
     return episodes
 
 
+def captured_group(episodes_dir: str, group: int):
+    """The first ``group`` captured episodes under ``episodes_dir``, rewards replaced by 1, 0, 1, 0, ..."""
+    from clawgym_env.capture.records import EpisodeRecord, read_calls
+
+    found = sorted(Path(episodes_dir).glob("*/episode.json"))
+    if len(found) < group:
+        raise SystemExit(f"{episodes_dir} holds {len(found)} captured episodes, --group needs {group}; "
+                         "run bench/capture_long_episodes.py first")
+    episodes = []
+    for i, ep in enumerate(found[:group]):
+        rec = EpisodeRecord.model_validate_json(ep.read_text())
+        episodes.append((rec.model_copy(update={"reward": float(1 - i % 2)}), read_calls(ep.parent / "calls.jsonl")))
+    if len({(r.task_id, r.harness) for r, _ in episodes}) != 1:
+        raise SystemExit("the captured episodes are not one group (several tasks or harnesses)")
+    return episodes
+
+
 def rss_mb() -> float:
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -87,9 +134,15 @@ def run_mode(args) -> dict:
     policy = TrainablePolicy(PolicyConfig(model="tiny", tiny_hidden_size=args.hidden, tiny_layers=args.layers,
                                           tiny_intermediate=2 * args.hidden, device=args.device), tokenizer=tok)
     model, dev = policy.causal_lm, policy.device
-    episodes = synthetic_group(tok, args.group, args.calls)
+    if args.episodes_dir:
+        episodes = captured_group(args.episodes_dir, args.group)
+    else:
+        episodes = synthetic_group(tok, args.group, args.calls)
     groups = make_groups(episodes)
-    if args.mode == "packed":
+    if not groups or groups[0].skipped is not None:
+        raise SystemExit(f"the group is not trainable: {groups[0].skipped if groups else 'no group'}")
+    form = {"packed_dense": "additive", "packed_prefix": "prefix_cache"}.get(args.mode, "auto")
+    if args.mode != "flat":
         packs = pack_groups(groups, device=dev)
     else:  # one pack per call, each a plain causal sequence; weights as in the tree: 1 / (G * N_e) per token
         g = groups[0]
@@ -113,9 +166,10 @@ def run_mode(args) -> dict:
         policy.module.zero_grad(set_to_none=True)
         for p in packs:
             with torch.no_grad():
-                old = token_logprobs(model, p.packed, mask=p.trainable, vocab_limit=policy.vocab_limit)
+                old = token_logprobs(model, p.packed, mask=p.trainable, vocab_limit=policy.vocab_limit,
+                                     mask_form=form)
             w = torch.where(p.trainable, torch.exp(old - p.packed.rollout_logprobs).clamp(max=2.0), torch.zeros_like(old))
-            cur = token_logprobs(model, p.packed, mask=p.trainable, vocab_limit=policy.vocab_limit)
+            cur = token_logprobs(model, p.packed, mask=p.trainable, vocab_limit=policy.vocab_limit, mask_form=form)
             loss, _ = grpo_loss(cur, old, w, p, clip_low=0.2, clip_high=0.2)
             loss.backward()
             total += float(loss.detach())
@@ -126,39 +180,64 @@ def run_mode(args) -> dict:
     peak = (torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base_rss)
     tokens = sum(p.num_tokens for p in packs)
+    calls = [len(c) for _, c in episodes]
+    extra = {"data": "synthetic"}
+    if args.episodes_dir:
+        extra = {"data": args.episodes_dir, "rewards": [r.reward for r, _ in episodes],
+                 "rewards_note": "captured rewards replaced by alternating 1/0"}
     return {"mode": args.mode, "sequences": len(packs), "tokens_processed": tokens,
+            "tree_nodes": sum(p.packed.num_nodes for p in packs) if args.mode != "flat" else None,
             "sampled_tokens": sum(p.num_trainable for p in packs), "loss": total,
             "step_s": sorted(times)[len(times) // 2], "peak_mem_mb": peak, "device": str(dev),
-            "calls_per_episode": args.calls, "group": args.group, "hidden": args.hidden, "layers": args.layers}
+            "calls_per_episode": calls, "group": args.group, "hidden": args.hidden, "layers": args.layers, **extra}
+
+
+MODES = ("packed_dense", "packed_prefix", "flat")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=12)
+    ap.add_argument("--episodes-dir", help="captured episodes (calls.jsonl + episode.json per folder) instead of "
+                                           "synthetic ones")
+    ap.add_argument("--calls", type=int, default=12, help="synthetic data: calls per episode")
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--mode", choices=["packed", "flat"], help="internal: run one mode in this process")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    ap.add_argument("--mode", choices=MODES, help="internal: run one mode in this process")
     args = ap.parse_args()
     if args.mode:
         print(json.dumps(run_mode(args)))
         return
     results = {}
-    for mode in ("packed", "flat"):
-        cmd = [sys.executable, __file__, "--mode", mode] + [f"--{k}={v}" for k, v in vars(args).items()
-                                                            if k != "mode" and v is not None]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    for mode in args.modes.split(","):
+        if mode not in MODES:
+            raise SystemExit(f"unknown mode {mode!r}; use {MODES}")
+        cmd = [sys.executable, __file__, "--mode", mode] + [f"--{k.replace('_', '-')}={v}"
+                                                            for k, v in vars(args).items()
+                                                            if k not in ("mode", "modes") and v is not None]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:  # e.g. the dense T x T mask running out of memory
+            tail = (proc.stderr.strip().splitlines() or [""])[-1]
+            print(json.dumps({"mode": mode, "error": f"exit {proc.returncode}: {tail[-300:]}"}))
+            continue
+        out = proc.stdout.strip().splitlines()[-1]
         results[mode] = json.loads(out)
         print(out)
-    p, f = results["packed"], results["flat"]
-    print(json.dumps({"flat_over_packed": {
-        "tokens_processed": round(f["tokens_processed"] / p["tokens_processed"], 2),
-        "step_s": round(f["step_s"] / p["step_s"], 2),
-        "peak_mem_mb": round(f["peak_mem_mb"] / p["peak_mem_mb"], 2) if p["peak_mem_mb"] > 0 else None,
-        "loss_abs_diff": abs(f["loss"] - p["loss"])}}))
+    f = results.get("flat")
+    if f is None:
+        return
+    for mode, r in results.items():
+        if mode == "flat":
+            continue
+        print(json.dumps({f"flat_over_{mode}": {
+            "tokens_processed": round(f["tokens_processed"] / r["tokens_processed"], 2),
+            "step_s": round(f["step_s"] / r["step_s"], 2),
+            "peak_mem_mb": round(f["peak_mem_mb"] / r["peak_mem_mb"], 2) if r["peak_mem_mb"] > 0 else None,
+            "loss_abs_diff": abs(f["loss"] - r["loss"])}}))
 
 
 if __name__ == "__main__":

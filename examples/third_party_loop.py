@@ -39,7 +39,7 @@ from clawgym_env.policy.tiny import build_tiny_qwen3
 from clawgym_env.policy.tokenizer import load_tokenizer
 from clawgym_env.policy.transformers_backend import TransformersPolicy
 
-SUITE = Path(__file__).resolve().parents[1] / "tasks" / "families" / "name_file_train"
+SUITE = Path(__file__).resolve().parents[1] / "tasks" / "families" / "count_errors_train"
 
 
 def call_sequences(tree: dict) -> list[tuple[int, list[int], list[bool]]]:

@@ -269,3 +269,52 @@ def test_lora_serving_weights_are_merged(tokenizer):
     with pytest.raises(Exception):
         sync.push(pol, 1)  # versions must increase
     random.seed(0)
+
+
+def test_third_party_example_uses_only_the_env_and_serialised_trees(episodes, tmp_path):
+    """The example imports nothing from ``trainers`` and rebuilds every call exactly from the tree JSONL."""
+    import ast
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from clawgym_env.capture.tree import CallTree
+    from clawgym_env.capture.tree_io import to_jsonl
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "third_party_loop.py"
+    imported = {n.module if isinstance(n, ast.ImportFrom) else a.name
+                for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in (n.names if isinstance(n, ast.Import) else [n])}
+    assert not any(m == "trainers" or m.startswith("trainers.") for m in imported)
+    assert "gymnasium" in imported and "clawgym_env.capture.tree_io" in imported
+    spec = importlib.util.spec_from_file_location("third_party_loop", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    group = [e for e in episodes if e[0].task_id == "alpha" and e[0].status == "ok"]
+    to_jsonl([CallTree.from_episodes(group)], tmp_path / "t.jsonl")
+    tree = json.loads((tmp_path / "t.jsonl").read_text())
+    got = example.call_sequences(tree)
+    want = [(e, list(c.prompt_token_ids) + list(c.output_token_ids)) for e, (_, calls) in enumerate(group) for c in calls]
+    assert [(e, toks) for e, toks, _ in got] == want
+    for (e, toks, sampled), (_, c) in zip(got, [(e, c) for e, (_, calls) in enumerate(group) for c in calls]):
+        assert all(sampled[len(c.prompt_token_ids):])  # its own outputs are sampled tokens
+
+
+def test_directory_sync_writes_loadable_versions(tokenizer, tmp_path):
+    from clawgym_env.policy.transformers_backend import TransformersPolicy
+    from trainers.sync import DirectorySync, WeightSync
+
+    pol = TrainablePolicy(PolicyConfig(model="tiny", seed=4), tokenizer=tokenizer)
+    seen = []
+    sync = DirectorySync(tmp_path / "weights", notify=lambda path, v: seen.append((path.name, v)), keep=1)
+    assert isinstance(sync, WeightSync)
+    assert sync.push(pol, 1) == 1
+    with torch.no_grad():
+        next(pol.causal_lm.parameters()).add_(0.5)
+    assert sync.push(pol, 2) == 2 and seen == [("v1", 1), ("v2", 2)]
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v2"]  # keep=1 pruned v1
+    served = TransformersPolicy.from_pretrained(tmp_path / "weights" / "v2", device="cpu")
+    name, param = next(iter(pol.causal_lm.named_parameters()))
+    assert torch.equal(dict(served.model.named_parameters())[name], param.detach())
+    with pytest.raises(Exception):
+        sync.push(pol, 2)

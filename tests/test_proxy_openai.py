@@ -301,6 +301,17 @@ def test_malformed_bodies_are_400_naming_the_field(server, episode, body, field)
     assert episode.calls == []
 
 
+def test_sampled_tool_call_with_empty_name_is_accepted_back(server, episode):
+    """A tiny policy can sample ``{"name": ""}``; the harness sends it back and must not get a 400."""
+    body = {"messages": [{"role": "user", "content": "q"},
+                         {"role": "assistant", "content": "", "tool_calls": [
+                             {"id": "c1", "type": "function", "function": {"name": "", "arguments": "{}"}}]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "error: unknown tool ''"}]}
+    r = httpx.post(episode.base_url(server.url) + "/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert len(episode.calls) == 1
+
+
 @pytest.mark.parametrize("content,ctype,needle", [
     (b"{not json", "application/json", "JSON"),
     (b"[1, 2]", "application/json", "JSON object"),

@@ -20,7 +20,7 @@ from trainers.policy import PolicyConfig, TrainablePolicy  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/install.sh)")
 
-FAMILY = Path(__file__).resolve().parents[1] / "tasks" / "families" / "name_file_train"
+FAMILY = Path(__file__).resolve().parents[1] / "tasks" / "families" / "count_errors_train"
 
 
 @pytest.fixture(scope="module")

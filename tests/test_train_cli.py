@@ -124,3 +124,14 @@ def test_shipped_configs_parse():
         path = root / name
         module, args = args_from_config(apply_overrides(load_config(path), []))
         assert args.__class__ is module.Args
+
+
+def test_harness_plan_splits_groups_by_ratio():
+    from trainers.rollouts import harness_available, harness_plan
+
+    assert harness_available("mini") == (True, "")
+    assert harness_available("nosuch")[0] is False
+    plan = harness_plan({"mini": 3.0, "codex": 1.0}, 8)
+    assert sum(plan.values()) == 8
+    assert plan == ({"mini": 6, "codex": 2} if harness_available("codex")[0] else {"mini": 8})
+    assert harness_plan({"mini": 1.0}, 3) == {"mini": 3}

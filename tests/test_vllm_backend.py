@@ -13,6 +13,7 @@ the tied one exercises the restart path (see clawgym_env.policy.vllm_server).
 from __future__ import annotations
 
 import math
+import os
 import threading
 from pathlib import Path
 
@@ -37,8 +38,11 @@ def _venv_missing() -> str | None:
 
 
 def server_test(fn):
-    """Marks a test that needs the real server: ``vllm``, ``slow``, skipped when the venv is missing."""
+    """Marks a test that needs the real server: ``vllm``, ``slow``, skipped when the venv is missing —
+    unless ``CLAWGYM_REQUIRE_VLLM=1`` (the vLLM stage, ``scripts/test_vllm.sh``), where it fails instead."""
     missing = _venv_missing()
+    if missing and os.environ.get("CLAWGYM_REQUIRE_VLLM") == "1":
+        raise RuntimeError(f"CLAWGYM_REQUIRE_VLLM=1 but {missing}; build it with bash scripts/vllm_env.sh")
     fn = pytest.mark.skipif(missing is not None, reason=str(missing))(fn)
     return pytest.mark.vllm(pytest.mark.slow(fn))
 

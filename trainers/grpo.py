@@ -141,7 +141,7 @@ def grpo_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, packs
             w = torch.where(m, torch.exp(log_w).clamp(max=args.is_clip), torch.zeros_like(old))
             olds.append(old)
             weights.append(w)
-            lw = log_w[m]
+            lw = log_w[m].double()  # float64: the k3 terms are ~lw²/2, below float32 resolution near 0
             kl_roll += float((torch.exp(lw) - 1.0 - lw).sum())  # k3 of KL(rollout || trained), r = p_old/p_roll
             is_sum += float(w[m].sum())
             is_clipped += int((torch.exp(lw) > args.is_clip).sum())

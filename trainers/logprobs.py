@@ -27,9 +27,18 @@ would silently mask nothing, and it materialises [heads, T, T] probabilities); `
 a ``BlockMask`` (forward only on CPU in torch 2.13: no backward there). ``flash_attention_*`` cannot
 take a tree mask. A pack that is a single chain (one linear episode) needs no mask at all: it runs
 with the model's own causal kernels.
+
+Forward forms (``mask_form`` of :func:`packed_hidden_states`): the mask forms above (one forward
+with a dense [T, T] mask, or a block mask), ``"causal"`` (a chain, no mask) and ``"prefix_cache"``
+(no T x T mask at all: one forward per tree segment, reusing its ancestors' keys/values; see
+:func:`prefix_cache_hidden_states`). ``"auto"`` picks ``causal`` for a chain, ``prefix_cache`` for a
+branched pack under ``sdpa``/``eager`` (a dense mask there costs T² memory and time; measured on CPU
+it made the packed step slower than per-call training) and ``block`` under ``flex_attention``.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 
@@ -49,36 +58,153 @@ def mask_form_for(model) -> str:
     return AUTO_FORMS[impl]
 
 
-def _base_and_head(model):
+PREFIX_CACHE_IMPLS = ("sdpa", "eager")
+
+
+def _base(model):
+    """The base model (trunk under the LM head) of a causal LM, or ``model`` itself when it is a trunk."""
     base = getattr(model, "model", None)
-    if base is None:
-        base = model.get_decoder()
+    if isinstance(base, torch.nn.Module):
+        return base
+    if hasattr(model, "embed_tokens") and hasattr(model, "layers"):
+        return model
+    return model.get_decoder()
+
+
+def _base_and_head(model):
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else model.lm_head
     if head is None:
         raise PolicyError(f"{type(model).__name__} has no output embeddings (LM head) to score tokens with")
-    return base, head
+    return _base(model), head
+
+
+def _checkpointing(base) -> bool:
+    """True when transformers' gradient checkpointing would drop a KV cache in this forward."""
+    on = getattr(base, "is_activation_checkpointing", None)  # transformers 5.x name
+    if on is None:
+        on = getattr(base, "is_gradient_checkpointing", False)
+    return bool(on) and base.training and torch.is_grad_enabled()
+
+
+def forward_form(model, packed: PackedTree, mask_form: str = "auto") -> str:
+    """The forward form ``mask_form="auto"`` resolves to for ``packed`` (see the module docstring).
+
+    Under transformers' gradient checkpointing (training, grad enabled) a layer drops any KV cache it
+    is given, so a branched pack falls back to the dense mask there.
+    """
+    if mask_form != "auto":
+        return mask_form
+    if packed.is_chain:
+        return "causal"
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    if impl in PREFIX_CACHE_IMPLS and not _checkpointing(_base(model)):
+        return "prefix_cache"
+    return mask_form_for(model)
 
 
 def packed_hidden_states(model, packed: PackedTree, mask_form: str = "auto") -> torch.Tensor:
-    """[T, hidden] last hidden states of the base model over the packed sequence (one forward).
+    """[T, hidden] last hidden states of the base model over the packed sequence, in packed order.
 
-    ``mask_form="auto"`` picks the form for the model's attention implementation, and no mask at all
-    for a pack that is a single chain (its tree mask is plain causal, so the model's own causal
-    kernels run: no T² mask); ``"causal"`` forces that (only valid for a chain).
+    ``model`` is a causal LM or its trunk. ``mask_form``: ``"auto"`` (:func:`forward_form`),
+    ``"causal"`` (plain causal, only valid for a chain), ``"prefix_cache"``
+    (:func:`prefix_cache_hidden_states`), or a dense/block mask form of
+    :meth:`PackedTree.attention_mask` (``"bool"``, ``"additive"``, ``"block"``: one forward with the
+    tree mask). Every form gives the same hidden states up to float error.
     """
-    base, _ = _base_and_head(model)
-    if mask_form == "auto" and packed.is_chain:
-        mask_form = "causal"
-    if mask_form == "causal":
+    base = _base(model)
+    form = forward_form(model, packed, mask_form)
+    if form == "prefix_cache":
+        return prefix_cache_hidden_states(base, packed)
+    if form == "causal":
         if not packed.is_chain:
             raise PolicyError("mask_form='causal' is only valid for a pack that is one chain; use 'auto'")
         mask = None
     else:
-        form = mask_form_for(model) if mask_form == "auto" else mask_form
         mask = packed.attention_mask(form, dtype=next(model.parameters()).dtype)
     out = base(input_ids=packed.input_ids[None], position_ids=packed.position_ids[None],
                attention_mask=mask, use_cache=False)
     return out.last_hidden_state[0]
+
+
+def forward_segments(packed: PackedTree) -> list[tuple[int, int, int]]:
+    """``(first token, end token, parent segment or -1)`` of each forward :func:`prefix_cache_hidden_states`
+    runs: packed nodes in packed order, a node that is its parent's only child merged into its parent's
+    segment (it directly follows it in preorder), so only branch points split a forward."""
+    offs, parents = packed.node_offsets.tolist(), packed.node_parent.tolist()
+    n_children = [0] * len(parents)
+    for par in parents:
+        if par >= 0:
+            n_children[par] += 1
+    segs: list[list[int]] = []
+    seg_of = [0] * len(parents)
+    last = -1
+    for n, par in enumerate(parents):
+        if par >= 0 and n_children[par] == 1 and par == last:
+            segs[-1][1] = offs[n + 1]
+        else:
+            segs.append([offs[n], offs[n + 1], seg_of[par] if par >= 0 else -1])
+        seg_of[n], last = len(segs) - 1, n
+    return [tuple(x) for x in segs]
+
+
+def prefix_cache_hidden_states(base, packed: PackedTree) -> torch.Tensor:
+    """[T, hidden] hidden states of the trunk ``base`` over ``packed`` without a T x T mask.
+
+    Segments (:func:`forward_segments`: packed nodes, runs of only children merged) run one after the
+    other in packed order, a parent always before its children. A segment runs its own tokens with
+    ``position_ids`` = their packed path positions and a ``DynamicCache`` pre-filled, per layer, with
+    the concatenated keys/values of its ancestors (root first), so its attention is plain causal over
+    [ancestors' tokens + its own] — exactly the rows the tree mask lets its tokens see. Invariants:
+
+    * the result equals the dense-mask forward (and a causal forward over any root-to-leaf path) up to
+      float error: a segment's first position equals the number of its ancestors' tokens, so the
+      cache's causal offsets and the rotary positions agree (checked; a mismatch raises);
+    * only each segment's OWN keys/values are kept (one slice per segment and layer, no cumulative
+      copies), and only while the segment is on the path being walked (a stack); the concatenation of
+      the ancestors is built per segment and dropped after its forward unless autograd saved it for
+      backward (the attention of a segment saves its [ancestors + own] keys/values, as any cache does);
+    * nothing is detached: gradients of a child's loss flow through the cached keys/values back into
+      its ancestors' tokens and the parameters, as in the one-forward tree mask;
+    * a root (several trees in one pack, or a second root of one tree) starts with an empty cache.
+
+    Needs an attention implementation that takes a KV cache with plain causal masking (``sdpa``,
+    ``eager``) and no gradient checkpointing (transformers drops the cache there).
+    """
+    from transformers import DynamicCache
+
+    if _checkpointing(base):
+        raise PolicyError("mask_form='prefix_cache' cannot run under gradient checkpointing (transformers "
+                          "drops the KV cache); use a dense mask form or disable checkpointing")
+    # transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name is deprecated)
+    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    ids, pos = packed.input_ids[None], packed.position_ids[None]
+    stack: list[tuple[int, int, list[torch.Tensor], list[torch.Tensor]]] = []  # (segment, tokens, keys, values)
+    outs = []
+    for seg, (start, end, parent) in enumerate(forward_segments(packed)):
+        while stack and stack[-1][0] != parent:
+            stack.pop()  # its subtree is done (packed order is preorder)
+        if parent >= 0 and not stack:
+            raise PolicyError(f"segment {seg}'s parent {parent} is not on the current path; packed order is broken")
+        past = sum(s[1] for s in stack)
+        if int(pos[0, start]) != past:
+            raise PolicyError(f"packed token {start} is at position {int(pos[0, start])} but has {past} ancestor "
+                              "tokens; the pack's positions are not path positions")
+        cache = DynamicCache()
+        for layer in range(len(stack[0][2]) if stack else 0):
+            cache.update(torch.cat([s[2][layer] for s in stack], dim=-2),
+                         torch.cat([s[3][layer] for s in stack], dim=-2), layer)
+        out = base(input_ids=ids[:, start:end], position_ids=pos[:, start:end], use_cache=True, **{cache_kw: cache})
+        outs.append(out.last_hidden_state[0])
+        keys, values = [], []
+        for layer in cache.layers:
+            k, v = layer.keys[..., past:, :], layer.values[..., past:, :]
+            if past and not torch.is_grad_enabled():  # a view would pin the whole concatenation
+                k, v = k.clone(), v.clone()
+            keys.append(k)
+            values.append(v)
+        del cache, out
+        stack.append((seg, end - start, keys, values))
+    return torch.cat(outs)
 
 
 def _tempered_logits(h, weight, bias, temperature: float, vocab_limit: int):

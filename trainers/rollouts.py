@@ -20,6 +20,7 @@ import uuid
 from typing import Any, Sequence
 
 from clawgym_env.capture.records import EpisodeRecord
+from clawgym_env.errors import HarnessError
 from clawgym_env.episode import EpisodeResult
 from harness_adapters.registry import HARNESSES, get_adapter
 from tasks.base import Task
@@ -57,7 +58,8 @@ def harness_plan(ratios: dict[str, float], groups: int) -> dict[str, int]:
         else:
             log.warning("harness %s left out of the mix: %s", name, why)
     if not usable:
-        raise ValueError(f"no usable harness among {sorted(ratios)}; install one or use mini")
+        raise HarnessError(f"no usable harness among {sorted(ratios)}; install one (`clawgym harness install NAME`) "
+                           "or use mini")
     total = sum(usable.values())
     exact = {h: groups * r / total for h, r in usable.items()}
     plan = {h: int(v) for h, v in exact.items()}

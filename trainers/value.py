@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from clawgym_env.errors import PolicyError
-from trainers.logprobs import mask_form_for
+from trainers.logprobs import packed_hidden_states
 from trainers.packing import PackedTree
 
 CRITIC_KINDS = ("shared", "separate")
@@ -67,16 +67,10 @@ def _trunk_of(model):
 
 
 def trunk_hidden_states(trunk, packed: PackedTree, mask_form: str = "auto") -> torch.Tensor:
-    """[T, hidden] last hidden states of ``trunk`` over the packed sequence (one forward, tree mask; a
-    pack that is one chain runs plain causal, as :func:`trainers.logprobs.packed_hidden_states` does)."""
-    if mask_form == "auto" and packed.is_chain:
-        mask = None
-    else:
-        form = mask_form_for(trunk) if mask_form == "auto" else mask_form
-        mask = packed.attention_mask(form, dtype=next(trunk.parameters()).dtype)
-    out = trunk(input_ids=packed.input_ids[None], position_ids=packed.position_ids[None], attention_mask=mask,
-                use_cache=False)
-    return out.last_hidden_state[0]
+    """[T, hidden] last hidden states of ``trunk`` over the packed sequence, computed exactly as the
+    policy's are (:func:`trainers.logprobs.packed_hidden_states`: plain causal for a chain, prefix-KV
+    reuse or a tree mask for a branched pack)."""
+    return packed_hidden_states(trunk, packed, mask_form)
 
 
 class Critic(nn.Module):

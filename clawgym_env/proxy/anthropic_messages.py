@@ -129,7 +129,7 @@ def _assistant(content: Any, field: str) -> dict[str, Any]:
             thoughts.append(text_field(block, "thinking", f"{f}.thinking"))
         elif kind == "tool_use":
             tid = name_field(block, "id", f"{f}.id")
-            name = name_field(block, "name", f"{f}.name")
+            name = text_field(block, "name", f"{f}.name")  # may be empty: a sampled call sent back
             args = block.get("input", {})
             if not isinstance(args, dict):
                 raise bad(f"'{f}.input' must be an object", f"{f}.input")

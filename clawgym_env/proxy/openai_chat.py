@@ -85,7 +85,8 @@ def _tool_calls(value: Any, field: str) -> list[dict[str, Any]]:
     for j, call in enumerate(value):
         f = f"{field}[{j}]"
         fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        # an empty name is accepted: a sampled tool call may carry one, and the harness sends it back
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise _bad(f"'{f}.function.name' is required (a tool call is {{id, type, function: {{name, "
                        "arguments}}}})", f"{f}.function.name")
         args = fn.get("arguments")

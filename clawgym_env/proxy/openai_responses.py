@@ -119,7 +119,7 @@ def _messages(body: dict) -> list[dict[str, Any]]:
             msg: dict[str, Any] = {"role": role, "content": _parts_text(item["content"], f"{f}.content")}
         elif kind == "function_call":
             call_id = name_field(item, "call_id", f"{f}.call_id")
-            name = name_field(item, "name", f"{f}.name")
+            name = text_field(item, "name", f"{f}.name")  # may be empty: a sampled call sent back
             args = text_field(item, "arguments", f"{f}.arguments")
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
             if open_turn and not reasoning:

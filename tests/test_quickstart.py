@@ -1,0 +1,100 @@
+"""The quickstart's task family and a shrunken end-to-end run of ``clawgym quickstart``.
+
+The family checks: the committed suites are exactly what the generator writes, held-out logs are
+never in the train split, every task has the expert command scoring 1.0 and the ``wrong`` one
+scoring below 1.0 in the real grader. The run checks the pipeline (evaluate → expert through mini →
+SFT → GRPO → evaluate) on a few tasks; whether the full-size run learns is measured by running
+``clawgym quickstart`` itself (its figures are in the README), not asserted here.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tasks.families import count_errors
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/install.sh)")
+
+FAMILY = Path(count_errors.__file__).resolve().parent
+
+
+def _same_tree(a: Path, b: Path) -> bool:
+    cmp = filecmp.dircmp(a, b)
+    if cmp.left_only or cmp.right_only or cmp.diff_files or cmp.funny_files:
+        return False
+    mismatch = filecmp.cmpfiles(a, b, cmp.common_files, shallow=False)[1]
+    return not mismatch and all(_same_tree(a / d, b / d) for d in cmp.common_dirs)
+
+
+def test_committed_family_is_what_the_generator_writes(tmp_path):
+    roots = count_errors.generate({"train": tmp_path / "train", "heldout": tmp_path / "heldout"})
+    assert _same_tree(roots["train"], FAMILY / "count_errors_train")
+    assert _same_tree(roots["heldout"], FAMILY / "count_errors_heldout")
+    logs = {split: {(p / "input_files" / "app.log").read_text() for p in root.iterdir()} for split, root in roots.items()}
+    assert len(logs["train"]) == 48 and len(logs["heldout"]) == 16
+    assert not logs["train"] & logs["heldout"]
+
+
+def test_every_task_grades_expert_one_and_wrong_below_one(tmp_path):
+    for split in ("count_errors_train", "count_errors_heldout"):
+        for task_dir in sorted((FAMILY / split).iterdir()):
+            meta = json.loads((task_dir / "data_entry.json").read_text())["metadata"]
+            log = (task_dir / "input_files" / "app.log").read_text()
+            assert meta["expected"] == sum("ERROR" in line for line in log.splitlines())
+            for command, want in ((count_errors.COMMAND, 1.0), (count_errors.WRONG_COMMAND, 0.5)):
+                ws = tmp_path / "ws"
+                shutil.rmtree(ws, ignore_errors=True)
+                ws.mkdir()
+                (ws / "app.log").write_text(log)
+                subprocess.run(["bash", "-c", command], cwd=ws, check=False)
+                scores = json.loads(subprocess.run(["python3", str(task_dir / "reward" / "check.py"), str(ws)],
+                                                   capture_output=True, text=True, check=True).stdout)
+                assert sum(scores.values()) / len(scores) == want, (task_dir.name, command, scores)
+
+
+def test_verdict_says_plainly_what_happened():
+    from trainers.quickstart import _verdict
+
+    def ev(passed, n):
+        return {"passed": passed, "episodes": n, "pass_rate": passed / n if n else None}
+
+    assert _verdict(ev(40, 128), ev(80, 128)).startswith("RL improved over SFT")
+    assert "within noise" in _verdict(ev(40, 128), ev(44, 128))
+    assert _verdict(ev(60, 128), ev(50, 128)).startswith("RL did NOT improve")
+    assert _verdict(ev(60, 128), ev(60, 128)).startswith("RL did NOT improve")
+    assert "not comparable" in _verdict(ev(0, 0), ev(1, 2))
+
+
+def test_quickstart_runs_end_to_end_on_a_few_tasks(tmp_path):
+    pytest.importorskip("torch")
+    from trainers import quickstart
+
+    suites = {}
+    for split, n in (("train", 4), ("heldout", 2)):
+        src = FAMILY / f"count_errors_{split}"
+        suites[split] = tmp_path / split
+        for name in sorted(p.name for p in src.iterdir())[:n]:
+            shutil.copytree(src / name, suites[split] / name)
+    lines: list[str] = []
+    cfg = quickstart.Config(out_dir=str(tmp_path / "out"), train_suite=str(suites["train"]),
+                            heldout_suite=str(suites["heldout"]), concurrency=2, eval_samples=2, sft_steps=3,
+                            sft_batch=2, rl_steps=2, rl_groups=1, rl_group_size=2)
+    report = quickstart.run(cfg, echo=lines.append)
+    for key in ("before_sft", "after_sft", "after_rl"):
+        ev = report["eval"][key]
+        assert ev["episodes"] + ev["infra_failures"] == 4 and ev["infra_failures"] == 0
+        assert 0 <= ev["passed"] <= ev["episodes"]
+    assert report["eval"]["before_sft"]["passed"] == 0  # a random-init model does not solve the task
+    out = tmp_path / "out"
+    saved = json.loads((out / "quickstart.json").read_text())
+    assert saved["verdict"] == report["verdict"] and saved["verdict"].startswith("RL ")
+    for png in ("quickstart.png", "sft/curves.png", "rl/curves.png"):
+        assert (out / png).stat().st_size > 1000, png
+    text = "\n".join(lines)
+    assert "before SFT: 0.0% (0/4 episodes)" in text and report["verdict"] in text
