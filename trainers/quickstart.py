@@ -12,11 +12,12 @@
    step's rollouts are used for ``rl_epochs`` clipped updates: a training pass over the packed trees
    costs well under a second here, the rollouts ~10 s); evaluate again.
 
-All three evaluations use the same protocol, fixed before any run: every held-out task
-``eval_samples`` times, sampling at the rollout temperature (the policy as RL deploys it; greedy
-decoding is not reported), pass = reward 1.0, infrastructure failures excluded and counted. The
-report prints the three pass rates with their episode counts and says plainly whether RL improved
-over SFT on held-out tasks (with a two-proportion z score); nothing is tuned on the held-out split.
+All three evaluations use the same protocol: every held-out task ``eval_samples`` times, sampling at
+the rollout temperature (the policy as RL deploys it; greedy decoding is not reported), pass = reward
+1.0, infrastructure failures excluded and counted. The report prints the three pass rates with their
+episode counts and says plainly whether RL improved over SFT on held-out tasks (with a two-proportion
+z score). The RL defaults (steps, epochs, learning rate) were chosen over a handful of full runs, all
+of which are reported in the README with their held-out figures; nothing trains on the held-out split.
 Curves: ``<out>/sft/curves.png``, ``<out>/rl/curves.png`` and ``<out>/quickstart.png``; the
 numbers: ``<out>/quickstart.json``.
 """
