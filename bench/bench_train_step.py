@@ -166,10 +166,11 @@ def run_mode(args) -> dict:
         policy.module.zero_grad(set_to_none=True)
         for p in packs:
             with torch.no_grad():
-                old = token_logprobs(model, p.packed, mask=p.trainable, vocab_limit=policy.vocab_limit,
+                old = token_logprobs(model, p.packed, args.chunk, mask=p.trainable, vocab_limit=policy.vocab_limit,
                                      mask_form=form)
             w = torch.where(p.trainable, torch.exp(old - p.packed.rollout_logprobs).clamp(max=2.0), torch.zeros_like(old))
-            cur = token_logprobs(model, p.packed, mask=p.trainable, vocab_limit=policy.vocab_limit, mask_form=form)
+            cur = token_logprobs(model, p.packed, args.chunk, mask=p.trainable, vocab_limit=policy.vocab_limit,
+                                 mask_form=form)
             loss, _ = grpo_loss(cur, old, w, p, clip_low=0.2, clip_high=0.2)
             loss.backward()
             total += float(loss.detach())
@@ -205,6 +206,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--chunk", type=int, default=1024, help="LM-head rows scored at once (trainers' chunk_size)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     ap.add_argument("--mode", choices=MODES, help="internal: run one mode in this process")
