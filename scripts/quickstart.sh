@@ -5,7 +5,7 @@
 # reference harness `mini`, then trained with GRPO over call trees through the same harness; every
 # episode runs in the bubblewrap sandbox and is graded hermetically. It prints the held-out pass rate
 # before SFT, after SFT and after RL (with episode counts) and writes curves under runs/quickstart/.
-# Arguments go to `clawgym quickstart` (e.g. --rl-steps 30, --concurrency 8).
+# Arguments go to `clawgym quickstart` (e.g. --rl-steps 60 for a longer RL phase, --concurrency 8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
