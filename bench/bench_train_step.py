@@ -42,8 +42,8 @@ Reading the numbers: a packed step processes ``tokens_processed`` fewer tokens t
 but the LM head runs on the sampled tokens in every mode (the same count, minus prefixes several
 episodes sampled identically), so the wall-time gain grows with the model's layer cost relative to its
 151k-row head. With ``sdpa`` and a dense tree mask, attention over one packed sequence of T tokens
-holds T x T mask entries and scores (on CPU that made the packed step slower and heavier than the
-flat one); the prefix-cache forward holds only each segment's queries x [ancestors + own] keys.
+holds T x T mask entries and scores (on CPU that made the packed step heavier than the flat one, and
+for the synthetic 12-call group slower too); the prefix-cache forward holds only each segment's queries x [ancestors + own] keys.
 ``attn_implementation="flex_attention"`` (a block-sparse mask, GPU) avoids the T x T tensors too.
 """
 

@@ -59,7 +59,7 @@ from trainers.logprobs import chunked_logprobs, packed_hidden_states
 from trainers.packing import PackedTree, pack_batch
 from trainers.policy import PolicyConfig, TrainablePolicy
 from trainers.tree_batch import inexact_nodes
-from trainers.value import ActorCritic, Critic, node_values, scatter_node_lists, trunk_hidden_states
+from trainers.value import ActorCritic, Critic, node_values, scatter_node_lists
 
 
 @dataclasses.dataclass
@@ -193,7 +193,7 @@ def forward_pack(model, critic: Critic | None, pack: PackedTree, args: Args, mas
         if entropy:
             ent = torch.zeros_like(logp).index_put((idx,), en)
     if critic is not None:
-        h = hidden if critic.trunk is None else trunk_hidden_states(critic.trunk, pack)
+        h = hidden if critic.trunk is None else packed_hidden_states(critic.trunk, pack)
         values = critic.values_from_hidden(h, pack, pack.target_mask)
     return logp, values, ent
 

@@ -66,13 +66,6 @@ def _trunk_of(model):
     raise PolicyError(f"{type(model).__name__} has no trunk (.model) to put a value head on")
 
 
-def trunk_hidden_states(trunk, packed: PackedTree, mask_form: str = "auto") -> torch.Tensor:
-    """[T, hidden] last hidden states of ``trunk`` over the packed sequence, computed exactly as the
-    policy's are (:func:`trainers.logprobs.packed_hidden_states`: plain causal for a chain, prefix-KV
-    reuse or a tree mask for a branched pack)."""
-    return packed_hidden_states(trunk, packed, mask_form)
-
-
 class Critic(nn.Module):
     """A value head on the policy's trunk (``shared``) or on its own trunk (``separate``)."""
 
@@ -155,7 +148,7 @@ class Critic(nn.Module):
         else:
             if hidden is not None:
                 raise PolicyError("a separate critic runs its own trunk; do not pass the policy's hidden states")
-            hidden = trunk_hidden_states(self.trunk, packed, mask_form)
+            hidden = packed_hidden_states(self.trunk, packed, mask_form)
         return self.values_from_hidden(hidden, packed, mask)
 
 
