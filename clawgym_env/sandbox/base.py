@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -33,6 +34,12 @@ class SandboxLimits:
     max_procs: int | None = 512
     cpu_s: int | None = None
     open_files: int | None = 4096
+    disk_mb: int | None = 2048
+    """Disk the sandbox may fill in each writable place (workspace, HOME, ``/tmp``, ``/dev/shm``); a
+    write past it fails inside with ENOSPC (or EFBIG)."""
+    cpus: float | None = None
+    """CPU share of the whole sandbox in cores (e.g. ``1.0``: one core's worth of time), where the
+    backend can enforce it (cgroup ``cpu.max``); ``None``: no limit."""
 
 
 @dataclasses.dataclass
@@ -49,6 +56,9 @@ class SandboxSpec:
     limits: SandboxLimits = dataclasses.field(default_factory=SandboxLimits)
     unprivileged: bool = True
     """Run as a non-root user (uid 1000) inside, where the backend can."""
+    host_ids: tuple[int, int] | None = None
+    """(uid, gid) on the host that the sandbox's user maps to; ``None``: :func:`sandbox_host_ids`
+    picks them. Never 0 when this process is root: sandboxed code must not act as host root."""
 
     def __post_init__(self) -> None:
         # Backends run from their own folders: a relative host path would point elsewhere.
@@ -102,6 +112,28 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Destroy the sandbox and everything it created. Idempotent."""
+
+
+SANDBOX_ID_BASE = 2_100_000_000
+"""First host uid/gid of the range sandboxes map to when this process is root (overridable with
+``CLAWGYM_SANDBOX_UID_BASE``). The range holds ``SANDBOX_ID_SLOTS`` ids, none of them a real user."""
+SANDBOX_ID_SLOTS = 1 << 25
+_id_counter = itertools.count()
+
+
+def sandbox_host_ids() -> tuple[int, int]:
+    """Fresh unprivileged host (uid, gid) for one sandbox.
+
+    As root: an id from the sandbox range (distinct for every call in this process, and across
+    processes unless ``2**25`` sandboxes are created between two of them), so no two live sandboxes
+    share a host uid and none is host root. As another user: that user's own ids (an unprivileged user
+    cannot switch ids; the user namespace already maps the sandbox to it).
+    """
+    if os.getuid() != 0:
+        return os.getuid(), os.getgid()
+    base = int(os.environ.get("CLAWGYM_SANDBOX_UID_BASE", SANDBOX_ID_BASE))
+    slot = (os.getpid() * 4099 + next(_id_counter)) % SANDBOX_ID_SLOTS
+    return base + slot, base + slot
 
 
 def host_toolchain_paths() -> list[Path]:
