@@ -122,12 +122,16 @@ def _path_forward(model, head, ids, vocab_limit, temperature):
 
 
 def _per_path_loss(model, old_model, ref_model, head, old_head, trees, args, vocab_limit):
-    """The PPO loss of :mod:`trainers.ppo` over per-path sequences (shared critic), from scratch."""
-    total = 0.0
+    """The PPO loss of :mod:`trainers.ppo` from scratch, per rollout: every root-to-leaf path is an
+    ordinary causal forward; each episode's loss is the mean of its own DISTINCT sampled tokens' terms
+    (a token on a prefix shared by two of its paths counts once), and the episodes are averaged."""
+    per_episode: list = []
     for tree in trees:
         leaves = tree.leaves()
         seqs = [tree.sequence(leaf) for leaf in leaves]
-        n_tree = sum(sum(f[1:]) for _, f, _ in seqs)  # sampled tokens over all paths (shared once per path)
+        terms: dict = {}  # (node, index) -> the token's loss term (identical on every path through it)
+        call_episode = tree.meta["call_episode"]
+        owners = [{call_episode[c] for c in tree.nodes[leaf].calls} for leaf in leaves]
         values = [[0.0] * len(n.tokens) for n in tree.nodes]
         with torch.no_grad():
             olds = [_path_forward(old_model, old_head, s[0], vocab_limit, args.temperature) for s in seqs]
@@ -151,8 +155,15 @@ def _per_path_loss(model, old_model, ref_model, head, old_head, trees, args, voc
             vl = 0.5 * torch.maximum((v - ret) ** 2, (vc - ret) ** 2)
             q = ref_lp - lp
             tok = pg + args.vf_coef * vl - args.ent_coef * ent + args.kl_coef * (torch.exp(q) - q - 1)
-            total = total + (tok * m).sum() / (n_tree * len(trees))
-    return total
+            for key, keep, term in zip(at, m.tolist(), tok):
+                if keep:
+                    terms.setdefault(key, term)
+        for e in sorted(set().union(*owners)):
+            mine = {key for leaf, own in zip(leaves, owners) if e in own
+                    for key in [(n, j) for n in tree.path(leaf) for j in range(len(tree.nodes[n].tokens))]
+                    if key in terms}
+            per_episode.append(sum(terms[key] for key in mine) / len(mine))
+    return sum(per_episode) / len(per_episode)
 
 
 def _grads(*modules):
@@ -160,7 +171,7 @@ def _grads(*modules):
             for n, q in mod.named_parameters() if q.grad is not None}
 
 
-def test_packed_loss_and_gradients_equal_per_path(model, tokenizer, trees):
+def test_packed_loss_and_gradients_equal_per_rollout_reference(model, tokenizer, trees):
     vl = len(tokenizer)
     args = Args(gamma=0.9, lam=0.8, vf_clip=0.05, ent_coef=0.01, kl_coef=0.1, clip_eps=0.1, clip_eps_high=0.15,
                 temperature=0.9, chunk_size=64, minibatches=1)
@@ -171,7 +182,7 @@ def test_packed_loss_and_gradients_equal_per_path(model, tokenizer, trees):
     targets = prepare(old, critic, [pack], args, vocab_limit=vl)
     add_reference(targets, ref, args, vocab_limit=vl)
     t = targets[0]
-    assert t.denom == 2 and bool((t.is_weight[t.mask] < args.is_clip).any())
+    assert t.denom == 3 and bool((t.is_weight[t.mask] < args.is_clip).any())  # three episodes
     assert bool((t.is_weight[t.mask] == args.is_clip).any()), "some IS weights must be truncated"
     cur = copy.deepcopy(old)  # a policy one update away from the rollout one: ratios differ from 1
     cur_head = copy.deepcopy(critic.head)
@@ -186,6 +197,7 @@ def test_packed_loss_and_gradients_equal_per_path(model, tokenizer, trees):
     packed = _grads(cur, cur_head)
     cur.zero_grad(), cur_head.zero_grad()
     ref_loss = _per_path_loss(cur, old, ref, cur_head, critic.head, trees, args, vl)
+    assert float(ref_loss.detach()) != 0.0
     ref_loss.backward()
     per_path = _grads(cur, cur_head)
     cur.zero_grad(), cur_head.zero_grad()
@@ -346,7 +358,20 @@ def _e2e_config(tmp_path):
     return {"algo": "ppo", "out_dir": str(tmp_path / "run"), "steps": 2, "save_every": 1, "value_pretrain_steps": 1,
             "harnesses": {"mini": 1.0}, "tasks_per_step": 2, "samples_per_task": 1, "concurrency": 2,
             "max_tokens": 16, "policy": {"model": "tiny", "device": "cpu"}, "critic": "separate",
-            "learning_rate": 1e-4, "critic_learning_rate": 1e-3, "minibatches": 2, "plot": False}
+            "learning_rate": 1e-4, "critic_learning_rate": 1e-3, "minibatches": 2, "plot": False,
+            "eval_suite": str(_one_task_suite(tmp_path)), "eval_every": 2}
+
+
+def _one_task_suite(tmp_path):
+    """A held-out suite of one builtin task (a folder of task dirs), for the in-loop evaluation."""
+    import shutil
+
+    from tasks import load_suite
+
+    src = load_suite("builtin").get("write_greeting").task_dir
+    dest = tmp_path / "heldout" / "write_greeting"
+    shutil.copytree(src, dest)
+    return dest.parent
 
 
 def test_clawgym_train_config_runs_ppo_end_to_end(tmp_path, tokenizer):
@@ -371,8 +396,14 @@ def test_clawgym_train_config_runs_ppo_end_to_end(tmp_path, tokenizer):
         assert r["mini/episodes"] + r["mini/infra_failures"] == 2 and r["trees"] >= 1
         assert r["mini/trained_tokens"] == r["trained_tokens"] > 0 and r["v_loss"] > 0
     assert "pg_loss" not in rows[0] and rows[1]["grad_norm"] > 0 and rows[1]["clip_fraction"] is not None
+    # in-loop evaluation after the last step only (eval_every=2), through every harness of the mix
+    assert not any(k.startswith("eval/") for k in rows[0])
+    assert rows[1]["eval/mini/episodes"] + rows[1]["eval/mini/infra_failures"] == 1
+    assert rows[1]["eval/episodes"] == rows[1]["eval/mini/episodes"]
     calls = [json.loads(line) for p in (out / "episodes").glob("*/calls.jsonl") for line in p.read_text().splitlines()]
-    assert calls and {c["policy_version"] for c in calls} == {0}  # both steps sampled before the first sync
+    # both training steps sampled before the first sync; the final evaluation samples the synced version 1
+    versions = sorted(json.loads(p.read_text())["policy_version"] for p in (out / "episodes").glob("*/episode.json"))
+    assert calls and versions == [0] * 4 + [1]
     state = torch.load(out / "checkpoints" / "step_000002" / "model.pt")
     init = build_tiny_qwen3(tokenizer, seed=0)
     assert not torch.equal(state["model.layers.0.mlp.up_proj.weight"], init.model.layers[0].mlp.up_proj.weight)

@@ -48,7 +48,8 @@ from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpo
 from trainers.logprobs import token_logprobs
 from trainers.metrics import MetricsLogger, plot_curves, rollout_metrics
 from trainers.policy import PolicyConfig, TrainablePolicy
-from trainers.rollouts import evaluate, harness_plan, run_jobs
+from trainers.evaluation import eval_harnesses, evaluate_harnesses
+from trainers.rollouts import harness_plan, run_jobs
 from trainers.sync import InProcessSync
 from trainers.tree_batch import TrainPack, group_summary, make_groups, pack_groups
 
@@ -91,7 +92,8 @@ class Args:
     eval_suite: str | None = None
     eval_every: int = 0
     eval_samples: int = 1
-    eval_harness: str = "mini"
+    eval_harness: str | None = None
+    """harness of the in-loop evaluation; ``None``: every harness of ``harnesses`` (metrics per harness)"""
     tensorboard: bool = False
     plot: bool = True
     progress: bool = True
@@ -200,6 +202,23 @@ def draw_jobs(args: Args, tasks: list, step: int) -> list[tuple[Any, str]]:
     return jobs
 
 
+def resume(args: Args, policy: TrainablePolicy, optimizer: torch.optim.Optimizer, out: Path,
+           echo=print) -> tuple[int, int]:
+    """Take the KL reference, then load ``out``'s latest checkpoint if resuming; returns (first step, version).
+
+    Invariant: the reference is always the weights the run *started* from (``args.policy``), taken
+    before any checkpoint is loaded, so a resumed run penalises drift from the same model as the
+    uninterrupted one would (not from the resumed weights).
+    """
+    if args.kl_coef > 0:
+        policy.freeze_reference()
+    if not (args.resume and latest_checkpoint(out) is not None):
+        return 1, 0
+    state = load_checkpoint(out, policy, optimizer)
+    echo(f"resumed from {state['path']} (step {state['step']}, version {state['version']})")
+    return state["step"] + 1, state["version"]
+
+
 def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> dict[str, Any]:
     """Run GRPO per ``args``; returns a summary (also written to ``<out_dir>/summary.json``)."""
     from clawgym_env.runtime import Runtime
@@ -212,13 +231,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> d
     torch.manual_seed(args.seed)
     policy = policy or TrainablePolicy(args.policy)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
-    start, version = 1, 0
-    if args.resume and latest_checkpoint(out) is not None:
-        state = load_checkpoint(out, policy, optimizer)
-        start, version = state["step"] + 1, state["version"]
-        echo(f"resumed from {state['path']} (step {state['step']}, version {version})")
-    if args.kl_coef > 0:
-        policy.freeze_reference()
+    start, version = resume(args, policy, optimizer, out, echo)
     tasks = list(load_suite(args.suite).tasks)
     eval_tasks = list(load_suite(args.eval_suite).tasks) if args.eval_suite else []
     sync = InProcessSync.for_policy(policy)
@@ -252,9 +265,9 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> d
                 sync.push(policy, version)
             row["version"] = version
             if eval_tasks and args.eval_every and (step % args.eval_every == 0 or step == args.steps):
-                ev = evaluate(rt, eval_tasks, args.eval_harness, samples=args.eval_samples, sampling=sampling,
-                              concurrency=args.concurrency, pass_threshold=args.pass_threshold)
-                row.update({f"eval/{k}": v for k, v in ev.items() if k != "results"})
+                row.update(evaluate_harnesses(rt, eval_tasks, eval_harnesses(args.eval_harness, args.harnesses),
+                                              samples=args.eval_samples, sampling=sampling,
+                                              concurrency=args.concurrency, pass_threshold=args.pass_threshold))
             row["step_s"] = time.perf_counter() - t0
             last = metrics.log(step, row)
             if step % max(1, args.save_every) == 0 or step == args.steps:

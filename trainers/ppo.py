@@ -24,11 +24,12 @@ on a node shared by several paths takes the MEAN over the paths through it of it
 advantage and return (each leaf counts once). With ``gamma = lam = 1`` each path of one episode gives
 ``A_t = R - V_t``, so the mean is exact; otherwise it is the documented combination.
 
-Loss normalisation: a token counts once per path through it. Its weight is ``path_counts[t]``
-(leaf paths through it), so the packed loss equals a per-path batch in which every path carries its
-own copy of each shared token (with the combined advantage). ``loss_norm="tree"`` (default) divides
-each tree's weights by their sum — per tree, the mean over all of its paths' tokens — and averages
-the trees of a minibatch (every episode counts the same); ``"token"`` divides by the minibatch's sum.
+Loss normalisation (per rollout, as GRPO and the paper weight tokens): a trained token counts once
+for each rollout (episode) whose calls pass through it — a prefix shared by a retry's two branches
+is one token of that episode, not one per path (:func:`loss_weights`). ``loss_norm="tree"`` (default)
+makes each episode's loss the mean over its own distinct trained tokens and averages the episodes of
+a minibatch (every episode counts the same, however it branched); ``"token"`` divides the summed
+per-rollout token terms by their count over the minibatch.
 
 Per trained token (sampled, with a predecessor, on a token-exact call; see :mod:`trainers.tree_batch`),
 ``r = exp(logp - logp_old)``:
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import defaultdict
 import random
 import time
 from pathlib import Path
@@ -54,7 +56,7 @@ from typing import Any
 import torch
 
 from clawgym_env.errors import PolicyError
-from trainers.advantages import leaf_rewards, tree_gae
+from trainers.advantages import leaf_rewards, node_episodes, tree_gae
 from trainers.logprobs import chunked_logprobs, packed_hidden_states
 from trainers.packing import PackedTree, pack_batch
 from trainers.policy import PolicyConfig, TrainablePolicy
@@ -106,6 +108,15 @@ class Args:
     kl_coef: float = 0.0
     normalize_advantages: bool = False
     loss_norm: str = "tree"
+    # evaluation and logging
+    eval_suite: str | None = None
+    """held-out suite evaluated in the loop (``None``: no in-loop evaluation)"""
+    eval_every: int = 0
+    """evaluate every this many steps and after the last one (0: never)"""
+    eval_samples: int = 1
+    """episodes per held-out task and harness"""
+    eval_harness: str | None = None
+    """harness of the in-loop evaluation; ``None``: every harness of ``harnesses`` (metrics per harness)"""
     plot: bool = True
 
     def __post_init__(self) -> None:
@@ -146,18 +157,30 @@ def trained_mask(pack: PackedTree) -> torch.Tensor:
 
 
 def loss_weights(pack: PackedTree, mask: torch.Tensor, loss_norm: str = "tree") -> tuple[torch.Tensor, float]:
-    """``(weight [T], denom)``: ``path_counts`` on ``mask``, each tree's divided by their sum for ``"tree"``;
-    ``denom`` = trees with a trained token (``"tree"``) or the weights' sum (``"token"``)."""
-    w = torch.where(mask, pack.path_counts, torch.zeros_like(pack.path_counts))
-    if loss_norm == "token":
-        return w, float(w.sum())
-    trees = 0
-    for start, end in pack.tree_ranges:
-        total = w[start:end].sum()
-        if total > 0:
-            w[start:end] /= total
-            trees += 1
-    return w, float(trees)
+    """``(weight [T], denom)`` of the per-rollout weighting (module docstring): a trained token counts
+    once for every rollout (episode) whose calls pass through it, however many paths of that rollout
+    share it.
+
+    ``"tree"``: ``weight[t] = Σ_{e ∋ t} 1 / N_e`` (``N_e``: episode ``e``'s distinct trained tokens),
+    ``denom`` = episodes with a trained token, so the loss is the mean over episodes of each episode's
+    mean over its own tokens. ``"token"``: ``weight[t]`` = episodes through ``t``, ``denom`` = their sum.
+    """
+    w = torch.zeros(pack.num_tokens, dtype=torch.float32, device=mask.device)
+    episodes = 0
+    for ti, tree in enumerate(pack.trees):
+        members = node_episodes(tree)
+        slices = [pack.node_slice(ti, nid) for nid in range(len(tree.nodes))]
+        trained = [int(mask[sl].sum()) for sl in slices]
+        per_episode: dict[int, int] = defaultdict(int)
+        for eps, k in zip(members, trained):
+            for e in eps:
+                per_episode[e] += k
+        for sl, eps, k in zip(slices, members, trained):
+            if k:
+                value = float(len(eps)) if loss_norm == "token" else sum(1.0 / per_episode[e] for e in eps)
+                w[sl] = torch.where(mask[sl], value, 0.0)
+        episodes += sum(1 for n in per_episode.values() if n > 0)
+    return w, (float(w.sum()) if loss_norm == "token" else float(episodes))
 
 
 def gae_targets(pack: PackedTree, values: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -361,6 +384,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> d
     from clawgym_env.runtime import Runtime
     from tasks import load_suite
     from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from trainers.evaluation import eval_harnesses, evaluate_harnesses
     from trainers.metrics import MetricsLogger, plot_curves, rollout_metrics
     from trainers.rollouts import run_jobs
     from trainers.sync import InProcessSync
@@ -383,6 +407,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> d
         start, version = loaded["step"] + 1, loaded["version"]
         echo(f"resumed from {loaded['path']} (step {loaded['step']}, version {version})")
     tasks = list(load_suite(args.suite).tasks)
+    eval_tasks = list(load_suite(args.eval_suite).tasks) if args.eval_suite else []
     sync = InProcessSync.for_policy(policy, name="ppo")
     if version:
         sync.push(policy, version)
@@ -400,11 +425,13 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> d
             pretrain = step <= args.value_pretrain_steps
             model = policy.causal_lm
             model.eval()
+            critic.eval()
             targets = prepare(model, critic, packs, args, policy.vocab_limit)
             if args.kl_coef > 0 and not pretrain:
                 with policy.reference() as ref:
                     add_reference(targets, ref, args, policy.vocab_limit)
             model.train()
+            critic.train()  # a separate critic's trunk checkpoints activations only in training mode
             t1 = time.perf_counter()
             stats = update(model, critic, targets, args, optimizer, pretrain=pretrain, vocab_limit=policy.vocab_limit)
             if stats and not pretrain:
@@ -412,7 +439,12 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> d
                 sync.push(policy, version)
             row.update(batch_metrics(targets, args.is_clip), **stats, trees=len(trees), packs=len(packs),
                        phase="value_pretrain" if pretrain else "ppo", version=version,
-                       train_s=time.perf_counter() - t1, step_s=time.perf_counter() - t0)
+                       train_s=time.perf_counter() - t1)
+            if eval_tasks and args.eval_every and (step % args.eval_every == 0 or step == args.steps):
+                row.update(evaluate_harnesses(rt, eval_tasks, eval_harnesses(args.eval_harness, args.harnesses),
+                                              samples=args.eval_samples, sampling=sampling,
+                                              concurrency=args.concurrency, pass_threshold=args.pass_threshold))
+            row["step_s"] = time.perf_counter() - t0
             last = metrics.log(step, row)
             if step % max(1, args.save_every) == 0 or step == args.steps:
                 save_checkpoint(out, step, state, optimizer, config=args, version=version, keep=args.keep_checkpoints)

@@ -118,8 +118,12 @@ class Critic(nn.Module):
         if kind != "separate":
             raise PolicyError(f"critic kind must be one of {CRITIC_KINDS}, got {kind!r}")
         if value_model:
-            return cls.separate(value_model, init_std, seed).to(policy.device)
-        return cls.separate(policy.serving_copy(), init_std, seed, copy_trunk=False)
+            critic = cls.separate(value_model, init_std, seed).to(policy.device)
+        else:
+            critic = cls.separate(policy.serving_copy(), init_std, seed, copy_trunk=False)
+        if policy.config.gradient_checkpointing:  # the critic's own trunk trains under the same memory plan
+            critic.trunk.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return critic
 
     @property
     def kind(self) -> str:
