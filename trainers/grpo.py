@@ -44,14 +44,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from clawgym_env.errors import PolicyError
 from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.evaluation import eval_harnesses, evaluate_harnesses
 from trainers.logprobs import token_logprobs
 from trainers.metrics import MetricsLogger, plot_curves, rollout_metrics
 from trainers.policy import PolicyConfig, TrainablePolicy
-from trainers.evaluation import eval_harnesses, evaluate_harnesses
 from trainers.rollouts import harness_plan, run_jobs
 from trainers.sync import InProcessSync
-from trainers.tree_batch import TrainPack, group_summary, make_groups, pack_groups
+from trainers.tree_batch import LOSS_NORMS, OVERLONG_MODES, TrainPack, group_summary, make_groups, pack_groups
 
 
 @dataclasses.dataclass
@@ -86,6 +87,24 @@ class Args:
     is_clip: float = 2.0
     kl_coef: float = 0.0
     normalize_std: bool = True
+    loss_norm: str = "episode"
+    """how (token, episode) pair weights are normalised. ``"episode"`` (default, the original GRPO): each
+    episode's loss is the mean over its own trainable tokens, then the group's mean — a token of a short
+    episode weighs more than one of a long episode, so long failures are punished less per token (a
+    length bias). ``"token"`` (DAPO): one mean over every pair of the step — long episodes weigh more.
+    ``"constant"`` (Dr. GRPO): divided by ``G · loss_norm_constant`` per group — no length bias; the
+    gradient's scale depends on the constant."""
+    loss_norm_constant: float | None = None
+    """the divisor of ``loss_norm="constant"`` (default: ``max_tokens``)"""
+    overlong: str = "keep"
+    """episodes with a call cut at ``max_tokens``: ``"keep"`` (trained as they are), ``"mask"`` (in the
+    group's baseline, but no training pairs), ``"penalty"`` (reward minus ``overlong_penalty`` before
+    the advantages)"""
+    overlong_penalty: float = 1.0
+    """what ``overlong="penalty"`` subtracts from an overlong episode's reward"""
+    refill_groups: int = 0
+    """dynamic sampling (DAPO): up to this many extra groups per step are drawn and rolled out while fewer
+    than ``groups_per_step`` groups can train (constant reward, all infrastructure failures, ...); 0: off"""
     max_pack_tokens: int | None = None
     chunk_size: int = 1024
     # evaluation and logging
@@ -97,6 +116,14 @@ class Args:
     tensorboard: bool = False
     plot: bool = True
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.loss_norm not in LOSS_NORMS:
+            raise PolicyError(f"loss_norm must be one of {LOSS_NORMS}, got {self.loss_norm!r}")
+        if self.overlong not in OVERLONG_MODES:
+            raise PolicyError(f"overlong must be one of {OVERLONG_MODES}, got {self.overlong!r}")
+        if self.refill_groups < 0 or (self.loss_norm_constant is not None and self.loss_norm_constant <= 0):
+            raise PolicyError("refill_groups must be >= 0 and loss_norm_constant > 0 when set")
 
 
 def grpo_loss(logp: torch.Tensor, logp_old: torch.Tensor, is_weight: torch.Tensor, pack: TrainPack, *,
@@ -189,10 +216,12 @@ def grpo_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, packs
             "grad_norm": max(grad_norms) if grad_norms else None, "updates": len(grad_norms)}
 
 
-def draw_jobs(args: Args, tasks: list, step: int) -> list[tuple[Any, str]]:
-    """(task, harness) jobs of a step: a seeded draw per step, without replacement within a step."""
-    rng = random.Random(args.seed * 1_000_003 + step)
-    plan = harness_plan(args.harnesses, args.groups_per_step)
+def draw_jobs(args: Args, tasks: list, step: int, groups: int | None = None, refill: int = 0) -> list[tuple[Any, str]]:
+    """(task, harness) jobs of a step: a seeded draw per step (and per refill round), without replacement
+    within a draw; ``groups`` defaults to ``groups_per_step``."""
+    seed = args.seed * 1_000_003 + step
+    rng = random.Random(seed if refill == 0 else seed * 1_009 + refill)
+    plan = harness_plan(args.harnesses, args.groups_per_step if groups is None else groups)
     jobs = []
     for harness, n in sorted(plan.items()):
         picks = []
@@ -200,6 +229,30 @@ def draw_jobs(args: Args, tasks: list, step: int) -> list[tuple[Any, str]]:
             picks += rng.sample(tasks, min(len(tasks), n - len(picks)))
         jobs += [(t, harness) for t in picks]
     return jobs
+
+
+def collect_groups(args: Args, tasks: list, step: int, run) -> tuple[list[Any], list[Any], dict[str, int]]:
+    """Step 1-2 with dynamic sampling: ``run(jobs) -> results``; returns (results, groups, refill stats).
+
+    While fewer than ``groups_per_step`` groups can train and the ``refill_groups`` budget lasts, new
+    groups are drawn (fresh seeded draws) and rolled out; every group drawn stays in the metrics.
+    """
+    results = list(run(draw_jobs(args, tasks, step)))
+    groups = make_groups(results, normalize_std=args.normalize_std, overlong=args.overlong,
+                         overlong_penalty=args.overlong_penalty)
+    drawn = rounds = 0
+    while drawn < args.refill_groups:
+        missing = args.groups_per_step - sum(g.skipped is None for g in groups)
+        if missing <= 0:
+            break
+        n = min(missing, args.refill_groups - drawn)
+        rounds += 1
+        more = list(run(draw_jobs(args, tasks, step, groups=n, refill=rounds)))
+        drawn += n
+        results += more
+        groups += make_groups(more, normalize_std=args.normalize_std, overlong=args.overlong,
+                              overlong_penalty=args.overlong_penalty)
+    return results, groups, {"refill_groups": drawn, "refill_rounds": rounds}
 
 
 def resume(args: Args, policy: TrainablePolicy, optimizer: torch.optim.Optimizer, out: Path,
@@ -248,16 +301,16 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> d
     with Runtime(sync.serving, sandbox=args.sandbox, out_dir=out / "episodes") as rt:
         for step in range(start, args.steps + 1):
             t0 = time.perf_counter()
-            jobs = draw_jobs(args, tasks, step)
-            results = run_jobs(rt, jobs, group_size=args.group_size, sampling=sampling, policy_version=version,
-                               concurrency=args.concurrency)
+            results, groups, refill = collect_groups(
+                args, tasks, step, lambda jobs: run_jobs(rt, jobs, group_size=args.group_size, sampling=sampling,
+                                                          policy_version=version, concurrency=args.concurrency))
             rollout_s = time.perf_counter() - t0
             row = rollout_metrics(results, args.pass_threshold)
             row["rollout_s"] = rollout_s
             row["rollout_tokens_per_s"] = row["sampled_tokens"] / rollout_s if rollout_s > 0 else None
-            groups = make_groups(results, normalize_std=args.normalize_std)
-            row.update(group_summary(groups))
-            packs = pack_groups(groups, max_tokens=args.max_pack_tokens, device=policy.device)
+            row.update(group_summary(groups), **refill)
+            packs = pack_groups(groups, max_tokens=args.max_pack_tokens, device=policy.device,
+                                loss_norm=args.loss_norm, norm_constant=args.loss_norm_constant or args.max_tokens)
             row["masked_inexact_tokens"] = sum(p.masked_inexact_tokens for p in packs)
             if packs:
                 row.update(grpo_update(policy, optimizer, packs, args))

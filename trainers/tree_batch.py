@@ -73,16 +73,38 @@ class Group:
     rewards: list[float]
     advantages: list[float]
     infra_excluded: int = 0
-    skipped: str | None = None  # "constant_reward" | "all_infra" | "no_tokens"
+    skipped: str | None = None  # "constant_reward" | "all_infra" | "no_tokens" | "all_overlong"
     tree: CallTree | None = None
+    overlong: list[int] = dataclasses.field(default_factory=list)
+    """Positions of the episodes with a call cut at ``max_tokens`` (finish reason ``length``)."""
+    masked: set[int] = dataclasses.field(default_factory=set)
+    """Positions of the episodes that get no training pairs (``overlong="mask"``)."""
 
     @property
     def harness(self) -> str:
         return self.key[2]
 
 
-def make_groups(results: Iterable[Any], *, normalize_std: bool = True) -> list[Group]:
-    """Bucket rollouts into groups (first-seen order), drop infra failures, score advantages, build trees."""
+OVERLONG_MODES = ("keep", "mask", "penalty")
+LOSS_NORMS = ("episode", "token", "constant")
+
+
+def is_overlong(calls: Sequence[CallRecord]) -> bool:
+    """True when a call of the episode stopped because it reached its token limit."""
+    return any(c.finish_reason == "length" for c in calls)
+
+
+def make_groups(results: Iterable[Any], *, normalize_std: bool = True, overlong: str = "keep",
+                overlong_penalty: float = 0.0) -> list[Group]:
+    """Bucket rollouts into groups (first-seen order), drop infra failures, score advantages, build trees.
+
+    Overlong episodes (a call cut at ``max_tokens``): ``"keep"`` trains them as they are;
+    ``"penalty"`` subtracts ``overlong_penalty`` from their reward before the advantages (the record
+    keeps its reward); ``"mask"`` keeps them in the group's baseline but gives them no training pairs,
+    so a cut-off answer is neither reinforced nor punished for being cut.
+    """
+    if overlong not in OVERLONG_MODES:
+        raise PolicyError(f"overlong must be one of {OVERLONG_MODES}, got {overlong!r}")
     buckets: dict[tuple[str, str, str], list[EpisodePair]] = {}
     infra: dict[tuple[str, str, str], int] = defaultdict(int)
     for item in results:
@@ -95,10 +117,15 @@ def make_groups(results: Iterable[Any], *, normalize_std: bool = True) -> list[G
         buckets[key].append((rec, calls))
     groups = []
     for key, eps in buckets.items():
-        rewards = [float(r.reward) for r, _ in eps]
-        g = Group(key, eps, rewards, [0.0] * len(eps), infra_excluded=infra[key])
+        cut = [i for i, (_, calls) in enumerate(eps) if is_overlong(calls)]
+        rewards = [float(r.reward) - (overlong_penalty if overlong == "penalty" and i in cut else 0.0)
+                   for i, (r, _) in enumerate(eps)]
+        g = Group(key, eps, rewards, [0.0] * len(eps), infra_excluded=infra[key], overlong=cut,
+                  masked=set(cut) if overlong == "mask" else set())
         if not eps:
             g.skipped = "all_infra"
+        elif len(g.masked) == len(eps):
+            g.skipped = "all_overlong"
         elif is_constant(rewards):
             g.skipped = "constant_reward"
         elif not any(calls for _, calls in eps):
@@ -164,14 +191,21 @@ class TrainPack:
 
 
 def build_pack(items: Sequence[tuple[CallTree, Sequence[float], dict[str, Any]]], *, scale: float = 1.0,
-               device: str | torch.device | None = None) -> TrainPack:
+               device: str | torch.device | None = None, loss_norm: str = "episode",
+               norm_constant: float | None = None, mask_episodes: Sequence[set[int]] | None = None) -> TrainPack:
     """Pack ``(tree, per-episode advantages, info)`` items into one :class:`TrainPack`.
 
     ``advantages[e]`` belongs to episode position ``e`` of the tree (``meta["call_episode"]``; a
     tree without it is one episode); ``G = len(advantages)``; every pair weight is multiplied by
     ``scale`` (``1 / groups in the step``). ``info`` (e.g. ``{"group": 3, "harness": "mini"}``) is
-    copied into each episode's entry of ``TrainPack.episodes``.
+    copied into each episode's entry of ``TrainPack.episodes``. ``mask_episodes[i]``: episode positions of
+    item ``i`` that get no pairs. Pair weight by ``loss_norm``: ``"episode"`` ``scale/(G·N_e)``,
+    ``"constant"`` ``scale/(G·norm_constant)``, ``"token"`` 1 (:func:`pack_groups` rescales).
     """
+    if loss_norm not in LOSS_NORMS:
+        raise PolicyError(f"loss_norm must be one of {LOSS_NORMS}, got {loss_norm!r}")
+    if loss_norm == "constant" and not (norm_constant and norm_constant > 0):
+        raise PolicyError("loss_norm='constant' needs a positive norm_constant (e.g. the max tokens per episode)")
     packed = pack_trees([t for t, _, _ in items], device=device)
     can_train = packed.target_mask & packed.logprob_known
     trainable = torch.zeros_like(can_train)
@@ -206,16 +240,22 @@ def build_pack(items: Sequence[tuple[CallTree, Sequence[float], dict[str, Any]]]
             episodes.append({**info, "episode_id": src.get("episode_id"), "reward": src.get("reward"),
                              "advantage": float(a), "trainable_tokens": counts[e]})
         g = len(advs)
+        skip = mask_episodes[ti] if mask_episodes is not None else set()
         for node in tree.nodes:
             ok = node_ok[node.id]
             if not bool(ok.any()):
                 continue
             idx = (torch.nonzero(ok)[:, 0] + packed.node_slice(ti, node.id).start).tolist()
-            trainable[idx] = True
-            for e in members[node.id]:
-                if counts[e] == 0:
-                    continue
-                w = scale / (g * counts[e])
+            owners = [e for e in members[node.id] if counts[e] and e not in skip]
+            if owners:
+                trainable[idx] = True
+            for e in owners:
+                if loss_norm == "episode":
+                    w = scale / (g * counts[e])
+                elif loss_norm == "constant":
+                    w = scale / (g * norm_constant)
+                else:
+                    w = 1.0
                 token_weight[idx] += w
                 p_tok.extend(idx)
                 p_ep.extend([base + e] * len(idx))
@@ -231,11 +271,13 @@ def build_pack(items: Sequence[tuple[CallTree, Sequence[float], dict[str, Any]]]
 
 
 def pack_groups(groups: Sequence[Group], *, max_tokens: int | None = None,
-                device: str | torch.device | None = None) -> list[TrainPack]:
+                device: str | torch.device | None = None, loss_norm: str = "episode",
+                norm_constant: float | None = None) -> list[TrainPack]:
     """Pack the trainable groups (``skipped is None``), several per pack up to ``max_tokens``.
 
     A group is never split (its shared prefix is computed once); without ``max_tokens`` each group
-    is its own pack. Pair weights carry ``1 / (number of trainable groups)``.
+    is its own pack. Pair weights (``loss_norm``, see :func:`build_pack`) carry ``1 / (number of
+    trainable groups)``, except ``"token"``: every pair of the step weighs ``1 / (pairs in the step)``.
     """
     live = [(i, g) for i, g in enumerate(groups) if g.skipped is None and g.tree is not None]
     if not live:
@@ -251,8 +293,15 @@ def pack_groups(groups: Sequence[Group], *, max_tokens: int | None = None,
         else:
             batches.append([(i, g)])
             size = n
-    return [build_pack([(g.tree, g.advantages, {"group": i, "harness": g.harness, "task_id": g.key[1]})
-                        for i, g in batch], scale=scale, device=device) for batch in batches]
+    packs = [build_pack([(g.tree, g.advantages, {"group": i, "harness": g.harness, "task_id": g.key[1]})
+                         for i, g in batch], scale=scale, device=device, loss_norm=loss_norm,
+                        norm_constant=norm_constant, mask_episodes=[g.masked for _, g in batch]) for batch in batches]
+    if loss_norm == "token":  # one mean over every (token, episode) pair of the step
+        pairs = sum(int(p.pair_weight.numel()) for p in packs)
+        for p in packs:
+            p.pair_weight = torch.full_like(p.pair_weight, 1.0 / max(1, pairs))
+            p.token_weight = torch.zeros_like(p.token_weight).index_add_(0, p.pair_token, p.pair_weight)
+    return packs
 
 
 def scatter_node_values(pack: TrainPack, values: Sequence[Sequence[Sequence[float]]]) -> torch.Tensor:
@@ -274,7 +323,9 @@ def scatter_node_values(pack: TrainPack, values: Sequence[Sequence[Sequence[floa
 def group_summary(groups: Sequence[Group]) -> dict[str, Any]:
     """Counts for metrics: groups trained/skipped and why, infra failures excluded."""
     out: dict[str, Any] = {"groups": len(groups), "groups_trained": sum(g.skipped is None for g in groups)}
-    for reason in ("constant_reward", "all_infra", "no_tokens"):
+    for reason in ("constant_reward", "all_infra", "no_tokens", "all_overlong"):
         out[f"groups_skipped_{reason}"] = sum(g.skipped == reason for g in groups)
     out["episodes_infra_excluded"] = sum(g.infra_excluded for g in groups)
+    out["episodes_overlong"] = sum(len(g.overlong) for g in groups)
+    out["episodes_overlong_masked"] = sum(len(g.masked) for g in groups)
     return out
