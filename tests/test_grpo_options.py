@@ -1,4 +1,5 @@
-"""GRPO's practitioner options: loss normalisation, overlong episodes, dynamic sampling (refill)."""
+"""GRPO's practitioner options (loss normalisation, overlong episodes, dynamic sampling) and token ownership:
+a token is trained as an episode's action only where that episode's own call sampled it (GRPO and PPO)."""
 
 from __future__ import annotations
 
@@ -87,3 +88,35 @@ def test_dynamic_sampling_refills_constant_groups_within_budget(tokenizer):
     assert trainable == 4 or stats["refill_groups"] == 8
     assert stats["refill_groups"] <= 8 and calls[0] == 4 and sum(calls[1:]) == stats["refill_groups"]
     assert stats["refill_rounds"] >= 1 and trainable > first
+
+
+def test_a_token_received_only_as_context_is_not_that_episodes_action(tokenizer):
+    """Episode b's prompt holds episode a's sampled answer as context (a prefilled turn): a shared tree
+    node, sampled by a; b must get no training pair (GRPO) and no weight (PPO) on those tokens."""
+    from clawgym_env.capture.records import CallRecord
+    from clawgym_env.capture.tree import CallTree
+    from trainers.packing import pack_trees
+    from trainers.ppo import loss_weights, trained_mask
+
+    task = "alpha Count the lines of a.txt"
+    rec_a, calls_a = episode(tokenizer, "a", task, ["It has 3 lines."], 1.0)
+    rec_b, _ = episode(tokenizer, "b", task, ["x"], 0.0)
+    first = calls_a[0]
+    tail = list(tokenizer.encode("\n<|im_start|>user\nAre you sure?<|im_end|>\n<|im_start|>assistant\n",
+                                 add_special_tokens=False))
+    out = list(tokenizer.encode("Yes.", add_special_tokens=False))
+    call_b = CallRecord(episode_id="b", call_index=0, dialect="openai_chat", path="/v1/chat/completions",
+                        stream=False, request={}, prompt_token_ids=first.prompt_token_ids + first.output_token_ids + tail,
+                        output_token_ids=out, output_logprobs=[-0.5] * len(out), finish_reason="stop")
+    group = make_groups([(rec_a, calls_a), (rec_b, [call_b])])[0]
+    pack = pack_groups([group])[0]
+    answer = len(first.output_token_ids)
+    pairs = {"a": 0, "b": 0}
+    for e in pack.pair_episode.tolist():
+        pairs[pack.episodes[e]["episode_id"]] += 1
+    assert pairs["a"] == answer  # a trains on its own answer
+    assert pairs["b"] == len(out)  # b only on "Yes.", never on a's answer it got as context
+    tree = CallTree.from_episodes([(rec_a, calls_a), (rec_b, [call_b])])
+    packed = pack_trees([tree])
+    w, denom = loss_weights(packed, trained_mask(packed), "token")
+    assert denom == answer + len(out)  # each sampled token counted once, by its owner only

@@ -60,6 +60,29 @@ def node_episodes(tree: Any) -> list[list[int]]:
     return out
 
 
+def episode_own_tokens(tree: Any) -> list[dict[int, list[bool]]]:
+    """For each node, ``{episode: flags}``: which of the node's tokens that episode's own calls sampled.
+
+    A token is an episode's action only where one of its calls sampled it; a token it received only as
+    context (e.g. a turn identical to another episode's sample, spliced or prefilled into its prompt)
+    is not. Trees without ``meta["prompt_lengths"]`` (older files) fall back to ``node.sampled``.
+    """
+    members = node_episodes(tree)
+    lengths = tree.meta.get("prompt_lengths")
+    call_episode = tree.meta.get("call_episode")
+    out: list[dict[int, list[bool]]] = []
+    for node, eps in zip(tree.nodes, members):
+        if lengths is None:
+            out.append({e: list(node.sampled) for e in eps})
+            continue
+        first: dict[int, int] = {}  # episode -> the shortest prompt among its calls through the node
+        for c in node.calls:
+            e = call_episode[c] if call_episode is not None else 0
+            first[e] = min(first.get(e, lengths[c]), lengths[c])
+        out.append({e: [s and node.depth + j >= first[e] for j, s in enumerate(node.sampled)] for e in eps})
+    return out
+
+
 def episode_token_weights(tree: Any, num_episodes: int | None = None) -> list[dict[int, float]]:
     """Per node, ``{episode: weight}`` for its sampled tokens, ``weight = 1 / (G * N_e)``."""
     members = node_episodes(tree)

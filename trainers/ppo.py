@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from clawgym_env.errors import PolicyError
-from trainers.advantages import leaf_rewards, node_episodes, tree_gae
+from trainers.advantages import episode_own_tokens, leaf_rewards, tree_gae
 from trainers.logprobs import chunked_logprobs, packed_hidden_states
 from trainers.packing import PackedTree, pack_batch
 from trainers.policy import PolicyConfig, TrainablePolicy
@@ -158,8 +158,8 @@ def trained_mask(pack: PackedTree) -> torch.Tensor:
 
 def loss_weights(pack: PackedTree, mask: torch.Tensor, loss_norm: str = "tree") -> tuple[torch.Tensor, float]:
     """``(weight [T], denom)`` of the per-rollout weighting (module docstring): a trained token counts
-    once for every rollout (episode) whose calls pass through it, however many paths of that rollout
-    share it.
+    once for every rollout (episode) whose own calls sampled it, however many paths of that rollout
+    share it; an episode that received the token only as context does not count.
 
     ``"tree"``: ``weight[t] = Σ_{e ∋ t} 1 / N_e`` (``N_e``: episode ``e``'s distinct trained tokens),
     ``denom`` = episodes with a trained token, so the loss is the mean over episodes of each episode's
@@ -168,17 +168,18 @@ def loss_weights(pack: PackedTree, mask: torch.Tensor, loss_norm: str = "tree") 
     w = torch.zeros(pack.num_tokens, dtype=torch.float32, device=mask.device)
     episodes = 0
     for ti, tree in enumerate(pack.trees):
-        members = node_episodes(tree)
         slices = [pack.node_slice(ti, nid) for nid in range(len(tree.nodes))]
-        trained = [int(mask[sl].sum()) for sl in slices]
+        # per node, {episode: its own trained tokens} (a token an episode got only as context is not its action)
+        own = [{e: mask[sl] & torch.tensor(flags, dtype=torch.bool, device=mask.device) for e, flags in eps.items()}
+               for sl, eps in zip(slices, episode_own_tokens(tree))]
         per_episode: dict[int, int] = defaultdict(int)
-        for eps, k in zip(members, trained):
-            for e in eps:
-                per_episode[e] += k
-        for sl, eps, k in zip(slices, members, trained):
-            if k:
-                value = float(len(eps)) if loss_norm == "token" else sum(1.0 / per_episode[e] for e in eps)
-                w[sl] = torch.where(mask[sl], value, 0.0)
+        for node in own:
+            for e, m in node.items():
+                per_episode[e] += int(m.sum())
+        for sl, node in zip(slices, own):
+            for e, m in node.items():
+                if per_episode[e]:
+                    w[sl] += m.float() * (1.0 if loss_norm == "token" else 1.0 / per_episode[e])
         episodes += sum(1 for n in per_episode.values() if n > 0)
     return w, (float(w.sum()) if loss_norm == "token" else float(episodes))
 

@@ -42,7 +42,7 @@ import torch
 from clawgym_env.capture.records import CallRecord, EpisodeRecord
 from clawgym_env.capture.tree import CallTree
 from clawgym_env.errors import PolicyError
-from trainers.advantages import group_advantages, is_constant, node_episodes
+from trainers.advantages import episode_own_tokens, group_advantages, is_constant, node_episodes
 from trainers.packing import PackedTree, pack_trees, tree_tokens
 
 EpisodePair = tuple[EpisodeRecord, list[CallRecord]]
@@ -218,6 +218,7 @@ def build_pack(items: Sequence[tuple[CallTree, Sequence[float], dict[str, Any]]]
     masked = 0
     for ti, (tree, advs, info) in enumerate(items):
         members = node_episodes(tree)
+        own = episode_own_tokens(tree)
         bad = inexact_nodes(tree)
         node_ok: dict[int, torch.Tensor] = {}
         counts = [0] * len(advs)
@@ -228,11 +229,10 @@ def build_pack(items: Sequence[tuple[CallTree, Sequence[float], dict[str, Any]]]
                 masked += int(ok.sum())
                 ok = torch.zeros_like(ok)
             node_ok[node.id] = ok
-            n = int(ok.sum())
             for e in members[node.id]:
                 if e >= len(advs):
                     raise PolicyError(f"tree {tree.meta.get('tree_id')} has episode {e} but only {len(advs)} advantages")
-                counts[e] += n
+                counts[e] += int((ok & _flags(own[node.id][e], ok)).sum())
         base = len(episodes)
         ep_meta = tree.meta.get("episodes") or [{}] * len(advs)
         for e, a in enumerate(advs):
@@ -245,11 +245,14 @@ def build_pack(items: Sequence[tuple[CallTree, Sequence[float], dict[str, Any]]]
             ok = node_ok[node.id]
             if not bool(ok.any()):
                 continue
-            idx = (torch.nonzero(ok)[:, 0] + packed.node_slice(ti, node.id).start).tolist()
-            owners = [e for e in members[node.id] if counts[e] and e not in skip]
-            if owners:
+            start = packed.node_slice(ti, node.id).start
+            for e in members[node.id]:
+                if not counts[e] or e in skip:
+                    continue
+                idx = (torch.nonzero(ok & _flags(own[node.id][e], ok))[:, 0] + start).tolist()
+                if not idx:
+                    continue
                 trainable[idx] = True
-            for e in owners:
                 if loss_norm == "episode":
                     w = scale / (g * counts[e])
                 elif loss_norm == "constant":
@@ -268,6 +271,10 @@ def build_pack(items: Sequence[tuple[CallTree, Sequence[float], dict[str, Any]]]
                      pair_weight=torch.tensor(p_w, dtype=torch.float32, device=dev),
                      pair_adv=torch.tensor(p_adv, dtype=torch.float32, device=dev),
                      episodes=episodes, masked_inexact_tokens=masked)
+
+
+def _flags(values: list[bool], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.bool, device=like.device)
 
 
 def pack_groups(groups: Sequence[Group], *, max_tokens: int | None = None,

@@ -17,7 +17,9 @@ Invariants of a :class:`CallTree` built here (checked by :meth:`CallTree.validat
   * a token sampled by any call at a position is ``sampled=True`` there with the logprob of the first
     call that sampled it, even where later calls received it as context; a later call that sampled
     the same token with a different logprob counts as a conflict in :meth:`CallTree.stats`.
-  * ``node.depth`` is the number of tokens on the path before the node.
+  * ``node.depth`` is the number of tokens on the path before the node; ``meta["prompt_lengths"][c]``
+    is call ``c``'s prompt length, so call ``c`` sampled token ``j`` of a node on its path exactly
+    when ``node.depth + j >= prompt_lengths[c]`` (which calls *own* a sampled token).
 
 This module imports neither torch nor a tokenizer.
 """
@@ -258,6 +260,7 @@ class CallTree:
             "num_calls": len(calls),
             "token_exact_share": (sum(exact) / len(exact)) if exact else 1.0,
             "inexact_calls": [i for i, e in enumerate(exact) if not e],
+            "prompt_lengths": [len(c.prompt_token_ids) for c in calls],
             "call_origin": [[c.episode_id, c.call_index] for c in calls],
             "build": {"retries": retries, "duplicates": duplicates, "empty_calls": empty,
                       "logprob_conflicts": b.conflicts},
