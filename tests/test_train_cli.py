@@ -135,3 +135,30 @@ def test_harness_plan_splits_groups_by_ratio():
     assert sum(plan.values()) == 8
     assert plan == ({"mini": 6, "codex": 2} if harness_available("codex")[0] else {"mini": 8})
     assert harness_plan({"mini": 1.0}, 3) == {"mini": 3}
+
+
+def test_every_config_field_is_documented_and_shown_by_help_config(capsys):
+    from trainers.config_doc import undocumented
+    from trainers.train import algorithm, available_algorithms
+
+    assert set(available_algorithms()) >= {"grpo", "ppo", "sft"}
+    for name in available_algorithms():
+        assert undocumented(algorithm(name).Args) == [], name
+    assert main(["train", "--help-config", "ppo"]) == 0
+    out = capsys.readouterr().out
+    assert "critic_learning_rate: float = 1e-05" in out and "AdamW learning rate of the critic" in out
+    assert "policy.lora_rank: int = 0" in out and "(undocumented)" not in out
+
+
+def test_config_validation_names_every_bad_key_and_runs_the_args_checks(tmp_path, capsys):
+    from trainers.config_doc import ConfigError, validate
+    from trainers.grpo import Args
+
+    with pytest.raises(ConfigError) as err:
+        validate(Args, {"steps": "many", "policy": {"lora_rnak": 4}, "learning_rate": 1})
+    text = str(err.value)
+    assert "config.steps" in text and "config.policy.lora_rnak" in text and "lora_rank" in text
+    assert validate(Args, {"learning_rate": 1}).learning_rate == 1.0  # an int where a float is expected
+    with pytest.raises(ConfigError, match="loss_norm"):
+        validate(Args, {"loss_norm": "sum"})
+    assert main(["train"]) == 2 and "--config FILE is required" in capsys.readouterr().err

@@ -58,35 +58,64 @@ from trainers.tree_batch import LOSS_NORMS, OVERLONG_MODES, TrainPack, group_sum
 @dataclasses.dataclass
 class Args:
     out_dir: str = "runs/grpo"
+    """folder of the run: metrics.jsonl, checkpoints/, episodes/, config.json, summary.json"""
     seed: int = 0
+    """seed of Python, NumPy and torch, and of every step's task draw (a resumed run draws what the uninterrupted one
+    would)"""
     steps: int = 10
+    """number of iterations (each: rollouts, then an update)"""
     resume: bool = True
     """continue from ``out_dir``'s latest checkpoint when there is one"""
     save_every: int = 1
+    """write a checkpoint every this many steps (and after the last one)"""
     keep_checkpoints: int = 2
+    """keep only this many newest checkpoints"""
     # tasks and harnesses
     suite: str = "builtin"
+    """train suite: a bundled suite name (``builtin``) or a folder of ClawGym task dirs"""
     harnesses: dict[str, float] = dataclasses.field(default_factory=lambda: {"mini": 1.0})
+    """harnesses to roll out through, with ratios: each step's groups/tasks are split between them (mix-harness),
+    e.g. ``{mini: 1, claude-code: 1}``"""
     groups_per_step: int = 4
+    """(task, harness) groups per step, drawn from the suite without replacement"""
     group_size: int = 4
+    """G: rollouts per group; each episode's advantage is its reward against the group's"""
     sandbox: str = "bwrap"
+    """sandbox backend of every episode: ``bwrap`` or ``docker``"""
     concurrency: int = 4
+    """episodes run at once (one sandbox each)"""
     temperature: float = 1.0
+    """sampling temperature of the rollouts; the trainer scores tokens at the same temperature"""
     top_p: float = 1.0
+    """nucleus sampling of the rollouts; keep 1.0: the trainer does not reproduce top-p truncation"""
     max_tokens: int = 512
+    """cap on the tokens one model call may sample (overrides the harness's own value)"""
     pass_threshold: float = 1.0
+    """an episode whose reward reaches this counts as passed in the metrics"""
     # policy and optimisation
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    """the model to train (see the ``policy.*`` fields)"""
     learning_rate: float = 1e-5
+    """AdamW learning rate of the policy"""
     weight_decay: float = 0.0
+    """AdamW weight decay"""
     max_grad_norm: float = 1.0
+    """gradients are clipped to this global norm before each optimiser step"""
     update_epochs: int = 1
+    """passes over one step's batch (> 1 moves the ratio away from 1, so clipping matters)"""
     minibatches: int = 1
+    """optimiser steps per epoch: the step's packs are split into this many minibatches"""
     clip_eps: float = 0.2
+    """PPO clip range: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]"""
     clip_eps_high: float | None = None
+    """upper clip (DAPO's clip-higher); ``None``: ``clip_eps``"""
     is_clip: float = 2.0
+    """cap of the truncated importance weight exp(logp_old - logp_rollout) against the serving policy's recorded
+    logprobs"""
     kl_coef: float = 0.0
+    """weight of the k3 KL penalty to the reference (the initial weights); 0: none and no reference kept"""
     normalize_std: bool = True
+    """divide advantages by the group's reward standard deviation (Dr. GRPO argues for off)"""
     loss_norm: str = "episode"
     """how (token, episode) pair weights are normalised. ``"episode"`` (default, the original GRPO): each
     episode's loss is the mean over its own trainable tokens, then the group's mean — a token of a short
@@ -106,16 +135,24 @@ class Args:
     """dynamic sampling (DAPO): up to this many extra groups per step are drawn and rolled out while fewer
     than ``groups_per_step`` groups can train (constant reward, all infrastructure failures, ...); 0: off"""
     max_pack_tokens: int | None = None
+    """pack several trees into one sequence up to this many tokens; ``None``: one group (tree) per pack"""
     chunk_size: int = 1024
+    """LM-head rows computed at once when scoring (memory vs speed with the 151k vocabulary)"""
     # evaluation and logging
     eval_suite: str | None = None
+    """held-out suite evaluated in the loop (``None``: no in-loop evaluation)"""
     eval_every: int = 0
+    """evaluate every this many steps and after the last one (0: never)"""
     eval_samples: int = 1
+    """episodes per held-out task and harness"""
     eval_harness: str | None = None
     """harness of the in-loop evaluation; ``None``: every harness of ``harnesses`` (metrics per harness)"""
     tensorboard: bool = False
+    """also write TensorBoard event files into ``out_dir``"""
     plot: bool = True
+    """draw ``curves.png`` from the metrics at the end"""
     progress: bool = True
+    """show a progress bar"""
 
     def __post_init__(self) -> None:
         if self.loss_norm not in LOSS_NORMS:

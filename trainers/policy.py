@@ -46,20 +46,36 @@ class PolicyConfig:
     sized by the ``tiny_*`` fields) or a local model directory (``config.json`` + weights)."""
 
     model: str = "tiny"
+    """``tiny`` (a random-init Qwen3 on the real tokenizer, sized by the ``tiny_*`` fields) or a local model
+    directory (config.json + weights)"""
     tiny_hidden_size: int = 64
+    """hidden size of the tiny model"""
     tiny_layers: int = 2
+    """decoder layers of the tiny model"""
     tiny_heads: int = 4
+    """attention heads of the tiny model"""
     tiny_kv_heads: int = 2
+    """key/value heads of the tiny model (grouped-query attention)"""
     tiny_intermediate: int = 128
+    """MLP width of the tiny model"""
     seed: int = 0
+    """seed of the tiny model's initial weights and of LoRA's initialisation"""
     dtype: str = "float32"
+    """parameter dtype: ``float32`` (CPU), ``bfloat16`` on a GPU"""
     device: str = "auto"
+    """``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``, ..."""
     attn_implementation: str = "sdpa"
+    """``sdpa``, ``eager`` or ``flex_attention`` (the tree-mask forms these support)"""
     gradient_checkpointing: bool = False
+    """recompute activations in the backward pass (less memory, ~30% more time); a separate critic follows"""
     lora_rank: int = 0
+    """> 0 trains LoRA adapters of this rank (peft) instead of all weights; the reference is then the frozen base"""
     lora_alpha: float = 16.0
+    """LoRA scaling numerator (scale = alpha / rank)"""
     lora_dropout: float = 0.0
+    """dropout on LoRA inputs"""
     lora_targets: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+    """module names LoRA adapts"""
 
 
 def resolve_device(device: str) -> torch.device:

@@ -67,47 +67,92 @@ from trainers.value import ActorCritic, Critic, node_values, scatter_node_lists
 @dataclasses.dataclass
 class Args:
     out_dir: str = "runs/ppo"
+    """folder of the run: metrics.jsonl, checkpoints/, episodes/, config.json, summary.json"""
     seed: int = 0
+    """seed of Python, NumPy and torch, and of every step's task draw (a resumed run draws what the uninterrupted one
+    would)"""
     steps: int = 100
+    """number of iterations (each: rollouts, then an update)"""
     resume: bool = True
+    """continue from ``out_dir``'s latest checkpoint when there is one"""
     save_every: int = 10
+    """write a checkpoint every this many steps (and after the last one)"""
     keep_checkpoints: int = 2
+    """keep only this many newest checkpoints"""
     # tasks and harnesses (ratios split each step's tasks between harnesses)
     suite: str = "builtin"
+    """train suite: a bundled suite name (``builtin``) or a folder of ClawGym task dirs"""
     harnesses: dict[str, float] = dataclasses.field(default_factory=lambda: {"mini": 1.0})
+    """harnesses to roll out through, with ratios: each step's groups/tasks are split between them (mix-harness),
+    e.g. ``{mini: 1, claude-code: 1}``"""
     tasks_per_step: int = 256
+    """tasks per step (the paper: 256), split between the harnesses by ratio"""
     samples_per_task: int = 1
+    """rollouts per task (the paper: 1); one call tree per episode"""
     sandbox: str = "bwrap"
+    """sandbox backend of every episode: ``bwrap`` or ``docker``"""
     concurrency: int = 4
+    """episodes run at once (one sandbox each)"""
     temperature: float = 1.0
+    """sampling temperature of the rollouts; the trainer scores tokens at the same temperature"""
     top_p: float = 1.0
+    """nucleus sampling of the rollouts; keep 1.0: the trainer does not reproduce top-p truncation"""
     max_tokens: int = 1024
+    """cap on the tokens one model call may sample (overrides the harness's own value)"""
     pass_threshold: float = 1.0
+    """an episode whose reward reaches this counts as passed in the metrics"""
     # policy, critic and optimisation
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
-    critic: str = "separate"            # "separate": own trunk, a copy of the policy's; "shared": policy trunk
-    value_model: str | None = None      # separate critic: start from this model directory instead
+    """the model to train (see the ``policy.*`` fields)"""
+    critic: str = "separate"
+    """``separate``: the critic has its own trunk (a copy of the policy's, or ``value_model``); ``shared``: a value
+    head on the policy's trunk"""
+    value_model: str | None = None
+    """separate critic: start its trunk from this model directory instead of the policy"""
     value_head_init_std: float | None = None
+    """standard deviation of the value head's initial weights (``None``: 1 / hidden size)"""
     learning_rate: float = 1e-6
+    """AdamW learning rate of the policy"""
     critic_learning_rate: float = 1e-5
+    """AdamW learning rate of the critic"""
     weight_decay: float = 0.0
+    """AdamW weight decay"""
     max_grad_norm: float = 1.0
+    """gradients are clipped to this global norm before each optimiser step"""
     value_pretrain_steps: int = 0
+    """the first this many steps train only the critic (the policy is frozen and not synced)"""
     update_epochs: int = 1
+    """passes over one step's batch (> 1 moves the ratio away from 1, so clipping matters)"""
     minibatches: int = 4
+    """optimiser steps per epoch: the step's packs are split into this many minibatches"""
     max_pack_tokens: int | None = 32768
+    """pack several trees into one sequence up to this many tokens"""
     chunk_size: int = 1024
+    """LM-head rows computed at once when scoring (memory vs speed with the 151k vocabulary)"""
     gamma: float = 1.0
+    """GAE discount over sampled tokens along each root-to-leaf path"""
     lam: float = 1.0
+    """GAE lambda"""
     clip_eps: float = 0.2
+    """PPO clip range: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]"""
     clip_eps_high: float | None = None
+    """upper clip (DAPO's clip-higher); ``None``: ``clip_eps``"""
     is_clip: float = 2.0
+    """cap of the truncated importance weight exp(logp_old - logp_rollout) against the serving policy's recorded
+    logprobs"""
     vf_coef: float = 0.5
+    """weight of the value loss"""
     vf_clip: float = 0.2
+    """value clipping around the old value (0: plain squared error)"""
     ent_coef: float = 0.0
+    """weight of the entropy bonus (0: none, and no entropy computed)"""
     kl_coef: float = 0.0
+    """weight of the k3 KL penalty to the reference (the initial weights); 0: none and no reference kept"""
     normalize_advantages: bool = False
+    """normalise the advantages of the step's trained tokens to mean 0, std 1"""
     loss_norm: str = "tree"
+    """``tree``: each episode's loss is the mean over its own distinct trained tokens, episodes averaged; ``token``:
+    one mean over the per-rollout token terms of the minibatch"""
     # evaluation and logging
     eval_suite: str | None = None
     """held-out suite evaluated in the loop (``None``: no in-loop evaluation)"""
@@ -118,6 +163,7 @@ class Args:
     eval_harness: str | None = None
     """harness of the in-loop evaluation; ``None``: every harness of ``harnesses`` (metrics per harness)"""
     plot: bool = True
+    """draw ``curves.png`` from the metrics at the end"""
 
     def __post_init__(self) -> None:
         if self.loss_norm not in ("tree", "token") or self.critic not in ("shared", "separate"):

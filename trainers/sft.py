@@ -38,27 +38,47 @@ from trainers.tree_batch import EpisodePair, TrainPack, as_episode, build_pack, 
 @dataclasses.dataclass
 class Args:
     out_dir: str = "runs/sft"
+    """folder of the run: metrics.jsonl, checkpoints/, episodes/, config.json, summary.json"""
     seed: int = 0
+    """seed of Python, NumPy and torch (batch order, the tiny model's weights)"""
     suite: str = "builtin"
+    """train suite: a bundled suite name (``builtin``) or a folder of ClawGym task dirs"""
     harness: str = "mini"
+    """harness the expert's trajectories are captured through"""
     expert: str = "scripted:expert"
+    """policy spec of the expert (``scripted:expert``, ``vllm:URL``, ``passthrough:...``)"""
     episodes_per_task: int = 1
+    """expert episodes captured per task"""
     min_reward: float = 1.0
+    """keep only expert episodes whose reward reaches this"""
     sandbox: str = "bwrap"
+    """sandbox backend of every episode: ``bwrap`` or ``docker``"""
     concurrency: int = 4
+    """episodes run at once (one sandbox each)"""
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    """the model to train (see the ``policy.*`` fields)"""
     steps: int = 100
+    """optimiser steps over the kept trajectories"""
     batch_episodes: int = 8
+    """episodes per optimiser step (their call trees packed together)"""
     learning_rate: float = 1e-3
+    """AdamW learning rate of the policy"""
     weight_decay: float = 0.0
+    """AdamW weight decay"""
     max_grad_norm: float = 1.0
+    """gradients are clipped to this global norm before each optimiser step"""
     chunk_size: int = 1024
+    """LM-head rows computed at once when scoring (memory vs speed with the 151k vocabulary)"""
     log_every: int = 10
+    """log the training metrics every this many steps"""
     save_model: bool = True
     """write ``<out_dir>/model`` (a plain model dir: ``transformers:<out_dir>/model`` serves it)"""
     tensorboard: bool = False
+    """also write TensorBoard event files into ``out_dir``"""
     plot: bool = True
+    """draw ``curves.png`` from the metrics at the end"""
     progress: bool = True
+    """show a progress bar"""
 
 
 def collect_expert(args: Args, tasks: list | None = None) -> tuple[list[EpisodePair], dict[str, Any]]:

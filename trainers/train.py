@@ -7,7 +7,9 @@ nested dataclasses (``policy:``) are nested mappings. ``--set key=value`` overri
 file is read (dotted for nested keys, the value parsed as YAML: ``--set policy.lora_rank=8``).
 
 Invariants: an unknown key, or a value of the wrong type, is an error naming the key (and close
-matches) before anything runs; relative paths in the config stay relative to the current directory;
+matches) before anything runs (pydantic validates the ``Args`` dataclass, see
+:mod:`trainers.config_doc`); ``--help-config ALGO`` prints every field with its type, default and
+docstring; relative paths in the config stay relative to the current directory;
 the run's resolved config is written to ``<out_dir>/config.json`` before training starts.
 """
 
@@ -15,21 +17,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import importlib
 import json
 import sys
 import time
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import ClawGymError
-
-
-class ConfigError(ClawGymError):
-    """A training config that cannot be turned into the algorithm's Args."""
+from trainers.config_doc import ConfigError, describe, validate
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -70,58 +66,6 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def _check(value: Any, hint: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    if hint is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for opt in options:
-            if opt is type(None):
-                continue
-            try:
-                return _check(value, opt, where)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping of {hint.__name__} fields, got {value!r}")
-        return build_args(hint, value, where)
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        (item,) = typing.get_args(hint)[:1] or (Any,)
-        return [_check(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        _, vt = typing.get_args(hint) or (Any, Any)
-        return {str(k): _check(v, vt, f"{where}.{k}") for k, v in value.items()}
-    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if hint in (int, str, bool) and not (isinstance(value, hint) and (hint is bool or not isinstance(value, bool))):
-        raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}")
-    return value
-
-
-def build_args(cls: type, data: dict[str, Any], where: str = "config") -> Any:
-    """An instance of the dataclass ``cls`` from ``data`` (type-checked, unknown keys rejected)."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = [k for k in data if k not in names]
-    if unknown:
-        k = unknown[0]
-        close = difflib.get_close_matches(k, names, n=3)
-        raise ConfigError(f"{where}: unknown key {k!r}" + (f"; did you mean {', '.join(close)}?" if close else "")
-                          + f" (fields of {cls.__name__}: {', '.join(names)})")
-    kwargs = {k: _check(v, hints[k], f"{where}.{k}") for k, v in data.items()}
-    return cls(**kwargs)
-
-
 def algorithm(name: str):
     """The module ``trainers.<name>`` (must export ``Args`` and ``train``)."""
     try:
@@ -148,7 +92,7 @@ def args_from_config(data: dict[str, Any]) -> tuple[Any, Any]:
     data = dict(data)
     name = str(data.pop("algo", "grpo"))
     module = algorithm(name)
-    return module, build_args(module.Args, data)
+    return module, validate(module.Args, data)
 
 
 def format_summary(summary: dict[str, Any], wall_s: float) -> str:
@@ -186,7 +130,9 @@ def run(config: str | Path | dict[str, Any], overrides: list[str] | None = None,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--config", required=True, help="YAML or JSON file: algo + the algorithm's Args fields")
+    p.add_argument("--config", help="YAML or JSON file: algo + the algorithm's Args fields")
+    p.add_argument("--help-config", metavar="ALGO", nargs="?", const="grpo",
+                   help="print every config field of ALGO (default grpo) with its type, default and meaning")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (dotted for nested keys), e.g. --set steps=3")
     p.add_argument("--no-resume", action="store_true", help="start fresh even if out_dir has a checkpoint")
@@ -194,6 +140,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def main_args(args: argparse.Namespace) -> int:
+    if args.help_config:
+        print(f"Fields of trainers.{args.help_config}.Args (set them in the config or with --set KEY=VALUE):\n")
+        print(describe(algorithm(args.help_config).Args))
+        return 0
+    if not args.config:
+        raise ConfigError("--config FILE is required (or --help-config ALGO to list the fields; algorithms: "
+                          f"{', '.join(available_algorithms())})")
     run(args.config, list(args.overrides), resume=False if args.no_resume else None)
     return 0
 
