@@ -37,7 +37,7 @@ import torch
 
 from clawgym_env.errors import PolicyError
 from trainers.logprobs import token_logprobs
-from trainers.packing import PackedTree, pack_batch
+from trainers.packing import PackedTree, inexact_token_mask, pack_batch
 
 DEFAULT_QUANTILES = (0.0, 0.01, 0.05, 0.5, 0.95, 0.99, 1.0)
 
@@ -95,14 +95,6 @@ class ConsistencyReport:
         return out
 
 
-def _inexact_nodes(tree) -> set[int]:
-    """Ids of nodes every call through which was recorded as not token-exact."""
-    bad = set(int(c) for c in (getattr(tree, "meta", None) or {}).get("inexact_calls", []))
-    if not bad:
-        return set()
-    return {n.id for n in tree.nodes if n.calls and all(c in bad for c in n.calls)}
-
-
 def _num_calls(tree) -> int:
     meta = getattr(tree, "meta", None) or {}
     return int(meta.get("num_calls", len(getattr(tree, "call_leaf", {}))))
@@ -130,14 +122,11 @@ def report_from_logprobs(packs: Sequence[PackedTree], train_logprobs: Sequence[t
         masks.append(m)
         flat.append(lr[m])
         sampled += int(pack.sampled.sum())
-        bad_token = torch.zeros_like(m)
-        for ti, tree in enumerate(pack.trees):
+        for tree in pack.trees:
             n_trees += 1
             num_calls += _num_calls(tree)
             inexact_calls += len(set((getattr(tree, "meta", None) or {}).get("inexact_calls", [])))
-            for nid in _inexact_nodes(tree):
-                bad_token[pack.node_slice(ti, nid)] = True
-        inexact_flags.append(bad_token[m])
+        inexact_flags.append(inexact_token_mask(pack)[m])
     x = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.float64)
     n = int(x.numel())
     qs = {f"q{q:g}": (float(torch.quantile(x, q)) if n else math.nan) for q in quantiles}

@@ -304,3 +304,27 @@ def pack_batch(trees: Sequence[Any], max_tokens: int | None = None,
             groups.append([t])
             size = n
     return [pack_trees(g, device) for g in groups]
+
+
+def inexact_nodes(tree) -> set[int]:
+    """Nodes every call through which was recorded as not token-exact (``meta["inexact_calls"]``)."""
+    bad = {int(c) for c in (getattr(tree, "meta", None) or {}).get("inexact_calls", [])}
+    if not bad:
+        return set()
+    return {n.id for n in tree.nodes if n.calls and all(c in bad for c in n.calls)}
+
+
+def inexact_token_mask(pack: PackedTree) -> torch.Tensor:
+    """[T] bool: tokens that lie only on calls recorded as not token-exact."""
+    bad = torch.zeros(pack.num_tokens, dtype=torch.bool, device=pack.input_ids.device)
+    for ti, tree in enumerate(pack.trees):
+        for nid in inexact_nodes(tree):
+            bad[pack.node_slice(ti, nid)] = True
+    return bad
+
+
+def trainable_mask(pack: PackedTree) -> torch.Tensor:
+    """THE trainable-token rule of every trainer: a sampled token with a predecessor and a recorded
+    rollout logprob, on at least one token-exact call (an inexact call's prompt ids may be ids the
+    policy never produced, and a passthrough's logprobs are meaningless)."""
+    return pack.target_mask & pack.logprob_known & ~inexact_token_mask(pack)

@@ -58,9 +58,8 @@ import torch
 from clawgym_env.errors import PolicyError
 from trainers.advantages import episode_own_tokens, leaf_rewards, tree_gae
 from trainers.logprobs import chunked_logprobs, packed_hidden_states
-from trainers.packing import PackedTree, pack_batch
+from trainers.packing import PackedTree, pack_batch, trainable_mask
 from trainers.policy import PolicyConfig, TrainablePolicy
-from trainers.tree_batch import inexact_nodes
 from trainers.value import ActorCritic, Critic, node_values, scatter_node_lists
 
 
@@ -194,12 +193,8 @@ class PackTargets:
 
 
 def trained_mask(pack: PackedTree) -> torch.Tensor:
-    """Sampled tokens with a predecessor and a rollout logprob, not only on inexact calls."""
-    mask = pack.target_mask & pack.logprob_known
-    for ti, tree in enumerate(pack.trees):
-        for nid in inexact_nodes(tree):
-            mask[pack.node_slice(ti, nid)] = False
-    return mask
+    """The trained tokens: :func:`trainers.packing.trainable_mask` (one rule for every trainer)."""
+    return trainable_mask(pack)
 
 
 def loss_weights(pack: PackedTree, mask: torch.Tensor, loss_norm: str = "tree") -> tuple[torch.Tensor, float]:

@@ -43,7 +43,7 @@ from clawgym_env.capture.records import CallRecord, EpisodeRecord
 from clawgym_env.capture.tree import CallTree
 from clawgym_env.errors import PolicyError
 from trainers.advantages import episode_own_tokens, group_advantages, is_constant, node_episodes
-from trainers.packing import PackedTree, pack_trees, tree_tokens
+from trainers.packing import PackedTree, inexact_nodes, inexact_token_mask, pack_trees, tree_tokens
 
 EpisodePair = tuple[EpisodeRecord, list[CallRecord]]
 
@@ -151,14 +151,6 @@ def episodes_tree(episodes: Sequence[EpisodePair]) -> CallTree:
     return CallTree.from_calls(flat, {"call_episode": call_episode, "episodes": summary})
 
 
-def inexact_nodes(tree: CallTree) -> set[int]:
-    """Nodes every call through which was recorded as not token-exact."""
-    bad = {int(c) for c in tree.meta.get("inexact_calls", [])}
-    if not bad:
-        return set()
-    return {n.id for n in tree.nodes if n.calls and all(c in bad for c in n.calls)}
-
-
 @dataclasses.dataclass
 class TrainPack:
     """One packed sequence plus its training pairs (see the module invariants)."""
@@ -208,6 +200,7 @@ def build_pack(items: Sequence[tuple[CallTree, Sequence[float], dict[str, Any]]]
         raise PolicyError("loss_norm='constant' needs a positive norm_constant (e.g. the max tokens per episode)")
     packed = pack_trees([t for t, _, _ in items], device=device)
     can_train = packed.target_mask & packed.logprob_known
+    inexact = inexact_token_mask(packed)
     trainable = torch.zeros_like(can_train)
     token_weight = torch.zeros(packed.num_tokens, dtype=torch.float32, device=can_train.device)
     p_tok: list[int] = []
@@ -219,15 +212,12 @@ def build_pack(items: Sequence[tuple[CallTree, Sequence[float], dict[str, Any]]]
     for ti, (tree, advs, info) in enumerate(items):
         members = node_episodes(tree)
         own = episode_own_tokens(tree)
-        bad = inexact_nodes(tree)
         node_ok: dict[int, torch.Tensor] = {}
         counts = [0] * len(advs)
-        for node in tree.nodes:  # N_e over trainable tokens only
+        for node in tree.nodes:  # N_e over trainable tokens only (packing.trainable_mask's rule)
             sl = packed.node_slice(ti, node.id)
-            ok = can_train[sl]
-            if node.id in bad:
-                masked += int(ok.sum())
-                ok = torch.zeros_like(ok)
+            masked += int((can_train[sl] & inexact[sl]).sum())
+            ok = can_train[sl] & ~inexact[sl]
             node_ok[node.id] = ok
             for e in members[node.id]:
                 if e >= len(advs):
