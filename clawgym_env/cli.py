@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from clawgym_env.capture.records import sanitize
 from clawgym_env.errors import ClawGymError
+from clawgym_env.redact import redact
 
 
 def _episode_json(result) -> dict[str, Any]:
@@ -18,7 +20,8 @@ def _episode_json(result) -> dict[str, Any]:
             "reward": rec.reward, "subscores": rec.subscores, "status": rec.status, "num_calls": rec.num_calls,
             "wall_s": round(rec.wall_s, 3), "calls_path": rec.calls_path,
             "episode_dir": str(Path(rec.calls_path).parent) if rec.calls_path else None,
-            "final_message": rec.final_message, "error": rec.error, "reward_reason": rec.reward_reason,
+            "final_message": rec.final_message, "error": rec.error, "failure_boundary": rec.failure_boundary,
+            "reward_reason": rec.reward_reason,
             "timings": {k: round(v, 3) for k, v in rec.timings.items()}}
 
 
@@ -67,17 +70,18 @@ def cmd_run(args) -> int:
                            keep_workspace=args.keep_workspace)
     if args.json:
         for r in results:
-            print(json.dumps(_episode_json(r)))
+            print(json.dumps(sanitize(_episode_json(r))[0]), flush=True)  # redacted, always valid JSON
     else:
         for r in results:
             rec = r.record
-            print(f"{rec.suite or '-'}/{rec.task_id}\t{rec.status}\treward={rec.reward:.3f}\tcalls={rec.num_calls}"
-                  f"\t{rec.wall_s:.1f}s")
-        mean = sum(r.record.reward for r in results) / max(len(results), 1)
-        solved = sum(r.record.reward >= 1.0 for r in results)
-        infra = sum(r.record.is_infra_failure for r in results)
-        print(f"{len(results)} episodes: mean reward {mean:.3f}, solved {solved}/{len(results)}, "
-              f"infra failures {infra}; records under {args.out}")
+            where = f" ({rec.failure_boundary})" if rec.failure_boundary and rec.status != "ok" else ""
+            print(f"{rec.suite or '-'}/{rec.task_id}\t{rec.status}{where}\treward={rec.reward:.3f}"
+                  f"\tcalls={rec.num_calls}\t{rec.wall_s:.1f}s")
+        scored = [r.record for r in results if r.record.is_task_outcome]
+        mean = sum(r.reward for r in scored) / max(len(scored), 1)
+        solved = sum(r.reward >= 1.0 for r in scored)
+        print(f"{len(results)} episodes: mean reward {mean:.3f}, solved {solved}/{len(scored)} scored, "
+              f"not scored (infrastructure or no valid reward) {len(results) - len(scored)}; records under {args.out}")
     return 0
 
 
@@ -291,13 +295,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _RedactingFormatter(logging.Formatter):
+    """Log lines (messages and tracebacks) with every known secret redacted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    for handler in logging.getLogger().handlers:  # an upstream error echoing a key never reaches the log
+        handler.setFormatter(_RedactingFormatter(handler.formatter._fmt if handler.formatter else None))
     try:
         return args.func(args)
     except ClawGymError as exc:
-        print(f"clawgym: error: {exc}", file=sys.stderr)
+        print(f"clawgym: error: {redact(str(exc))}", file=sys.stderr)
         return 2
 
 

@@ -6,6 +6,11 @@ chosen at ``make`` time and returns the episode (captured calls with token ids, 
 the reward in [0, 1], ``terminated=True`` (``truncated=True`` when the harness timed out) and an
 ``info`` with the status, sub-scores, timings and the full records. Spaces: :mod:`clawgym_env.spaces`.
 
+The reward comes from the task's own grader inside the episode (:mod:`clawgym_env.grading`):
+``reward.sh``, ClawGym-Bench hybrid or JobBench judge — the same reward training and ``clawgym
+eval`` see; ``judge=`` sets the LLM judge (default: the environment-configured one). An episode
+with no valid reward has status ``reward_invalid``.
+
 Several envs can share one :class:`~clawgym_env.runtime.Runtime` (``runtime=``) to run episodes
 concurrently against a single policy; see also :class:`~clawgym_env.runtime.RolloutPool`.
 """
@@ -29,7 +34,8 @@ class ClawGymEnv(gym.Env):
 
     def __init__(self, harness: str = "mini", policy: PolicyBackend | str = "scripted:expert", suite: str = "builtin",
                  *, runtime: Runtime | None = None, sandbox: str = "bwrap", out_dir: str | Path | None = None,
-                 harness_options: dict[str, Any] | None = None, task_ids: list[str] | None = None) -> None:
+                 harness_options: dict[str, Any] | None = None, task_ids: list[str] | None = None,
+                 judge: Any = None) -> None:
         from harness_adapters.registry import get_adapter
         from tasks import load_suite
 
@@ -43,6 +49,7 @@ class ClawGymEnv(gym.Env):
         self.tasks = tasks
         self._owns_runtime = runtime is None
         self.runtime = runtime or Runtime(policy, sandbox=sandbox, out_dir=out_dir)
+        self.judge = judge  # None: the runtime's judge, else the environment-configured one
         vocab = int(getattr(self.runtime.policy, "vocab_size", 0) or len(self.runtime.policy.tokenizer))
         self.observation_space = cg_spaces.observation_space(vocab)
         self.action_space = cg_spaces.action_space()
@@ -76,7 +83,8 @@ class ClawGymEnv(gym.Env):
         if self._task is None:
             raise gym.error.ResetNeeded("call reset() before step()")
         sampling, version = cg_spaces.action_to_sampling(action)
-        result = self.runtime.run(self._task, self.adapter, sampling=sampling, policy_version=version)
+        extra = {"judge": self.judge} if self.judge is not None else {}
+        result = self.runtime.run(self._task, self.adapter, sampling=sampling, policy_version=version, **extra)
         self.last_result = result
         rec = result.record
         info = {"status": rec.status, "subscores": dict(rec.subscores), "timings": dict(rec.timings),

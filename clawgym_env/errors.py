@@ -44,3 +44,16 @@ class PolicyError(ClawGymError):
 
 class RegistrationError(ClawGymError):
     """An unknown environment, harness, suite or policy name (lists close names)."""
+
+
+class WorkspaceError(ClawGymError):
+    """A workspace or task folder could not be copied or read (names the path and the fix)."""
+
+
+class CopyLimitError(WorkspaceError):
+    """A copy crossed its byte limit; ``report`` is the partial
+    :class:`~clawgym_env.workspace_files.CopyReport`."""
+
+    def __init__(self, message: str, *, report: object = None) -> None:
+        super().__init__(message)
+        self.report = report

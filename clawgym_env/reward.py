@@ -1,15 +1,29 @@
 """Hermetic reward: the verifier runs in a *fresh* sandbox over a copy of the final workspace.
 
 Procedure (invariants):
-  1. the final workspace is copied (symlinks kept as links, never followed on the host);
+  1. the final workspace is copied without following any link on the host (links stay links,
+     special files are skipped; :func:`clawgym_env.workspace_files.copy_tree`);
   2. whatever the agent left at ``reward/`` is deleted, then the task's pristine ``reward/`` is
-     placed there — planting or editing files under ``reward/`` (including shadowing a Python
-     module next to ``check.py``) cannot change the score;
+     placed there — planting or editing files under ``reward/`` cannot change the score. The task
+     folder is untrusted too: a ``reward/`` that is itself a link, or holds a link whose target is
+     not a file inside the task folder, is refused (``reward_invalid``, "task error: ..."), so no
+     host file outside the task folder ever reaches the verifier or its logs;
   3. the payload ``{task_id, user_query, metadata, final_message, transcript}`` is written to a
      private file named by ``OPENCLAW_REWARD_PAYLOAD``;
-  4. ``bash <mount>/reward/reward.sh`` runs with no network; its last non-empty stdout line must be
-     a float in [0, 1]. A non-float line, a non-zero exit or a timeout scores 0 *with the reason*.
-  5. if the sandbox itself cannot start, :class:`SandboxError` propagates: an infrastructure
+  4. ``bash <mount>/reward/reward.sh`` runs as is, with no network, in an environment built from
+     scratch, with the workspace as its current folder; its last non-empty stdout line must be a
+     float in [0, 1]. A non-float line, a non-zero exit or a timeout scores 0 *with the reason*;
+  5. module shadowing is impossible: every Python the verifier starts runs with
+     ``PYTHONSAFEPATH=1`` and the grader's ``sitecustomize`` (:data:`GRADER_SITE`), so for
+     ``python3 -c``/``-m``/stdin the current folder (the agent's workspace) is searched *after*
+     the standard library and site-packages — a ``json.py`` or ``re.py`` left there is never
+     imported instead of the real module, while the agent's own modules stay importable — and a
+     script's own folder stays first on ``sys.path`` as usual (``reward/check.py`` imports its
+     siblings). ``PATH`` holds only system and interpreter folders, ``BASH_ENV``/``PYTHONPATH``/
+     ``LD_PRELOAD`` are never inherited, user site-packages are off, ``/etc`` is read-only.
+     Needs Python >= 3.11 in the sandbox (``PYTHONSAFEPATH``); an honest workspace scores exactly
+     what the official pipeline gives unless it holds a module named like a standard one;
+  6. if the sandbox itself cannot start, :class:`SandboxError` propagates: an infrastructure
      failure is never silently scored 0.
 Sub-scores come from running ``reward/check.py <mount>`` (when present) in the same sandbox.
 """
@@ -19,16 +33,57 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
-import tempfile
+import os
 import time
 from pathlib import Path
 from typing import Any
 
+from clawgym_env.errors import ClawGymError
+from clawgym_env.grading import GradeContext, GradeResult
 from clawgym_env.sandbox import SandboxSpec, get_backend
-from tasks.base import Task
 
 PAYLOAD_PATH = "/tmp/clawgym-reward-payload.json"
+GRADER_SITE_DIR = "/run/clawgym-grader"
+"""Where the grader's ``sitecustomize`` is mounted read-only inside the grading sandbox."""
+
+GRADER_SITE = '''\
+"""ClawGym grader: restore sys.path[0] for scripts under PYTHONSAFEPATH; the cwd goes last."""
+import os as _os
+import sys as _sys
+
+
+def _clawgym_grader_path():
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    _sys.path[:] = [p for p in _sys.path if p and _os.path.abspath(p) != here]
+    import importlib.machinery as _m
+
+    own = _m.PathFinder.find_spec("sitecustomize", list(_sys.path))  # the interpreter's own, if any
+    if getattr(_sys.flags, "safe_path", False):
+        arg0 = _sys.argv[0] if _sys.argv else ""
+        if arg0 in ("", "-", "-c"):
+            _sys.path.append("")  # python -c / stdin: the current folder, after every real module
+        elif arg0 == "-m":
+            _sys.path.append(_os.getcwd())
+        else:  # a script: its own folder first, as without PYTHONSAFEPATH
+            full = _os.path.realpath(arg0)
+            _sys.path.insert(0, full if _os.path.isdir(full) else _os.path.dirname(full))
+    if own is not None and own.loader is not None:
+        import importlib.util as _u
+
+        own.loader.exec_module(_u.module_from_spec(own))
+
+
+_clawgym_grader_path()
+del _clawgym_grader_path
+'''
+
+HERMETIC_ENV = {"PYTHONSAFEPATH": "1", "PYTHONPATH": GRADER_SITE_DIR, "PYTHONNOUSERSITE": "1",
+                "PYTHONDONTWRITEBYTECODE": "1"}
+"""Added to the verifier's from-scratch environment (see the module doc, point 5)."""
+
+
+class TaskFolderError(ClawGymError):
+    """A task's ``reward/`` folder cannot be used safely (a link out of the task folder, ...)."""
 
 
 @dataclasses.dataclass
@@ -40,6 +95,8 @@ class RewardResult:
     stdout: str = ""
     stderr: str = ""
     wall_s: float = 0.0
+    invalid: bool = False
+    """True when no valid reward exists (the task's verifier folder is unusable): not the agent's 0."""
 
 
 def parse_reward_output(stdout: str, returncode: int, timed_out: bool) -> tuple[float, bool, str | None]:
@@ -71,30 +128,69 @@ def _parse_subscores(stdout: str) -> dict[str, float]:
     return {}
 
 
-def build_payload(task: Task, final_message: str | None, transcript: list[Any] | None) -> dict[str, Any]:
+def build_payload(task: Any, final_message: str | None, transcript: list[Any] | None) -> dict[str, Any]:
     return {"task_id": task.id, "user_query": task.instruction, "metadata": task.metadata,
             "final_message": final_message or "", "transcript": transcript or []}
 
 
-def grade_workspace(task: Task, workspace: str | Path, *, final_message: str | None = None,
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def copy_reward_dir(task: Any, dest: Path) -> None:
+    """Copy the task's ``reward/`` to ``dest`` without ever following a link out of the task folder.
+
+    Links inside the task folder to regular files are copied as files; anything else raises
+    :class:`TaskFolderError` naming the offending path (nothing outside is read)."""
+    from clawgym_env.workspace_files import copy_tree
+
+    reward_dir = Path(task.reward_dir)
+    root = Path(task.task_dir) if getattr(task, "task_dir", None) else reward_dir.parent
+    root_real = os.path.realpath(root)
+    if os.path.islink(reward_dir) and not _inside(os.path.realpath(reward_dir), root_real):
+        raise TaskFolderError(f"task error: {reward_dir} is a link out of the task folder {root}; "
+                              "a task's reward/ must be a real folder inside it")
+    if not _inside(os.path.realpath(reward_dir), root_real):
+        raise TaskFolderError(f"task error: {reward_dir} is not inside the task folder {root}")
+    report = copy_tree(reward_dir, dest, links_inside=root_real)
+    if report.refused_links or report.skipped:
+        bad = [f"{p} ({why})" for p, why in [*report.refused_links, *report.skipped]]
+        raise TaskFolderError(f"task error: {reward_dir} holds links out of the task folder or special files, "
+                              f"refused: {', '.join(bad[:5])}; replace them with regular files")
+
+
+def grade_workspace(task: Any, workspace: str | Path, *, final_message: str | None = None,
                     transcript: list[Any] | None = None, sandbox: str = "bwrap") -> RewardResult:
     """Grade ``workspace`` (a host folder, left untouched) for ``task`` in a fresh sandbox."""
     if task.reward_dir is None or not (Path(task.reward_dir) / "reward.sh").exists():
-        return RewardResult(0.0, {}, False, f"task {task.full_id} has no reward/reward.sh")
+        return RewardResult(0.0, {}, False, f"task error: task {task.full_id} has no reward/reward.sh; add one, or "
+                            "give the task a grader that needs none", invalid=True)
+    from clawgym_env.workspace_files import copy_tree, private_tempdir, remove_tree
+
     t0 = time.monotonic()
     backend = get_backend(sandbox)
-    with tempfile.TemporaryDirectory(prefix="clawgym-grade-") as tmp:
-        ws = Path(tmp) / "workspace"
-        shutil.copytree(workspace, ws, symlinks=True)
+    with private_tempdir("clawgym-grade-") as tmp:
+        ws = tmp / "workspace"
+        try:
+            copy_tree(workspace, ws)
+        except (OSError, ClawGymError) as exc:  # the agent left a workspace that cannot be read: its 0
+            return RewardResult(0.0, {}, False, f"the final workspace could not be copied for grading: {exc}",
+                                wall_s=time.monotonic() - t0)
         planted = ws / "reward"
-        if planted.is_symlink() or planted.is_file():
+        if planted.is_symlink() or (planted.exists() and not planted.is_dir()):
             planted.unlink()
         elif planted.exists():
-            shutil.rmtree(planted)
-        shutil.copytree(task.reward_dir, planted, symlinks=False)
+            remove_tree(planted)
+        try:
+            copy_reward_dir(task, planted)
+        except TaskFolderError as exc:
+            return RewardResult(0.0, {}, False, str(exc), wall_s=time.monotonic() - t0, invalid=True)
+        site = tmp / "grader-site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(GRADER_SITE)
         spec = SandboxSpec(workspace_host=ws, workspace_target=task.mount_dir,
-                           env={"OPENCLAW_REWARD_PAYLOAD": PAYLOAD_PATH, "PYTHONDONTWRITEBYTECODE": "1",
-                                "PYTHONNOUSERSITE": "1"})
+                           extra_binds=[(site, GRADER_SITE_DIR, False)],
+                           env={"OPENCLAW_REWARD_PAYLOAD": PAYLOAD_PATH, **HERMETIC_ENV})
         with backend(spec) as sb:
             sb.write_file(PAYLOAD_PATH, json.dumps(build_payload(task, final_message, transcript)))
             res = sb.exec(["bash", f"{task.mount_dir}/reward/reward.sh"], cwd=task.mount_dir,
@@ -106,3 +202,16 @@ def grade_workspace(task: Task, workspace: str | Path, *, final_message: str | N
                               timeout=task.limits.reward_timeout_s)
                 subscores = _parse_subscores(sub.stdout)
     return RewardResult(reward, subscores, ok, reason, res.stdout[-4000:], res.stderr[-4000:], time.monotonic() - t0)
+
+
+class ScriptGrader:
+    """The task's own ``reward/reward.sh``, run hermetically (:func:`grade_workspace`)."""
+
+    name = "reward.sh"
+    needs_judge = False
+
+    def grade(self, ctx: GradeContext) -> GradeResult:
+        rr = grade_workspace(ctx.task, ctx.workspace, final_message=ctx.final_message, transcript=ctx.transcript,
+                             sandbox=ctx.sandbox)
+        status = "reward_invalid" if rr.invalid else ("ok" if rr.ok else "reward_error")
+        return GradeResult(rr.reward, rr.subscores, status, rr.reason, self.name, rr.stdout, rr.stderr, rr.wall_s)

@@ -3,19 +3,39 @@
 ``Runtime`` is the unit that several envs (or a rollout pool) share, so that N episodes run at once
 against a single policy: each episode gets its own proxy base URL, sandbox and workspace; the
 proxy serialises nothing but the policy's own ``generate`` (which is thread safe).
+
+Invariant of :class:`RolloutPool`: every job ends with exactly one result, in job order; an
+episode that raises (a bug, or an error outside the episode runner's own handling) becomes an
+``infra_error`` record naming the boundary (:func:`failed_episode`), never a lost batch.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import threading
+import uuid
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from clawgym_env.capture.records import EpisodeRecord
 from clawgym_env.episode import EpisodeResult, run_episode
+from clawgym_env.failures import exception_failure
 from clawgym_env.policy import PolicyBackend
 from harness_adapters.base import HarnessAdapter
 from tasks.base import Task
+
+
+log = logging.getLogger(__name__)
+
+
+def failed_episode(task: Task, harness: str, policy: str, exc: BaseException) -> EpisodeResult:
+    """The one record of an episode whose run raised ``exc`` (classified by
+    :func:`~clawgym_env.failures.exception_failure`; never a task outcome)."""
+    verdict = exception_failure(exc)
+    rec = EpisodeRecord(episode_id=uuid.uuid4().hex[:16], task_id=task.id, suite=task.suite, harness=harness,
+                        policy=policy, status=verdict.status, failure_boundary=verdict.boundary, error=verdict.error)
+    return EpisodeResult(rec, [])
 
 
 class Runtime:
@@ -27,13 +47,15 @@ class Runtime:
     """
 
     def __init__(self, policy: PolicyBackend | str, *, sandbox: str = "bwrap", out_dir: str | Path | None = None,
-                 max_context_tokens: int | None = None) -> None:
+                 max_context_tokens: int | None = None, judge: Any = None) -> None:
         from clawgym_env.policy import make_policy
 
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.policy.tokenizer  # noqa: B018 - load it now, not first inside concurrent episodes
         self.sandbox = sandbox
         self.out_dir = Path(out_dir) if out_dir else None
+        self.judge = judge
+        """LLM judge for tasks graded by one (None: the environment-configured judge)."""
         self._max_context = max_context_tokens
         self._proxy = None
         self._lock = threading.Lock()
@@ -53,6 +75,7 @@ class Runtime:
     def run(self, task: Task, adapter: HarnessAdapter, **kwargs: Any) -> EpisodeResult:
         kwargs.setdefault("sandbox", self.sandbox)
         kwargs.setdefault("out_dir", self.out_dir)
+        kwargs.setdefault("judge", self.judge)
         return run_episode(task, adapter, self.proxy, **kwargs)
 
     def close(self) -> None:
@@ -96,11 +119,17 @@ class RolloutPool:
         with cf.ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             futs = {pool.submit(self.runtime.run, task, adapter, **kwargs): i for i, task in enumerate(jobs)}
             for fut in cf.as_completed(futs):
-                results[futs[fut]] = fut.result()
+                i = futs[fut]
+                try:
+                    results[i] = fut.result()
+                except Exception as exc:  # noqa: BLE001 - one failed rollout never sinks the batch
+                    log.error("episode of %s raised", jobs[i].id, exc_info=exc)
+                    results[i] = failed_episode(jobs[i], adapter.name, getattr(self.runtime.policy, "name", "policy"),
+                                                exc)
                 if bar is not None:
                     rec = results[futs[fut]].record
                     bar.set_postfix_str(f"{rec.task_id}: {rec.status} r={rec.reward:.2f}")
                     bar.update(1)
         if bar is not None:
             bar.close()
-        return [r for r in results if r is not None]
+        return [r for r in results if r is not None]  # all set: every future completed

@@ -2,7 +2,8 @@
 
 Definitions (per group of rows, e.g. one suite × harness × policy, optionally one category):
   * rows are first reduced to one per key (the last one, :func:`leaderboards.schema.latest_by_key`);
-  * ``infra_error`` rows are counted (``infra_failures``) and otherwise ignored: they are not
+  * rows without a task outcome (``infra_error``, ``reward_invalid``) are counted (``infra_failures``,
+    split by status and by failure boundary in ``not_scored``) and otherwise ignored: they are not
     episodes of the task, so they never lower a mean;
   * per task with ``n`` valid samples of which ``c`` are strict successes (reward == 1):
     mean reward ``r̄``, success rate ``c / n`` and ``pass@k = 1 - C(n-c, k) / C(n, k)`` (the unbiased
@@ -78,6 +79,8 @@ class GroupSummary(BaseModel):
     episodes: int = 0
     infra_failures: int = 0
     tasks_without_valid_samples: int = 0
+    not_scored: dict[str, int] = Field(
+        default_factory=dict, description="rows without a task outcome, by 'status/boundary' (e.g. infra_error/policy)")
     pass1: float = math.nan
     pass1_ci: tuple[float, float] = (math.nan, math.nan)
     strict: float = math.nan
@@ -109,12 +112,22 @@ def task_stats(rows: Iterable[ResultRow]) -> tuple[list[TaskStats], int, int]:
     return stats, infra, empty
 
 
+def not_scored(rows: Iterable[ResultRow]) -> dict[str, int]:
+    """Rows without a task outcome counted by ``status/boundary`` (boundary ``?`` when unknown)."""
+    out: dict[str, int] = defaultdict(int)
+    for row in rows:
+        if not row.is_task_outcome:
+            out[f"{row.status}/{row.failure_boundary or '?'}"] += 1
+    return dict(sorted(out.items()))
+
+
 def summarize_group(rows: Sequence[ResultRow], *, suite: str, harness: str, policy: str,
                     category: str | None = None, n_boot: int = 2000, seed: int = 0) -> GroupSummary:
     """Metrics of one group's rows (already deduplicated); see the module doc."""
     stats, infra, empty = task_stats(rows)
     out = GroupSummary(suite=suite, harness=harness, policy=policy, category=category, tasks=len(stats),
-                       episodes=sum(s.n for s in stats), infra_failures=infra, tasks_without_valid_samples=empty)
+                       episodes=sum(s.n for s in stats), infra_failures=infra, tasks_without_valid_samples=empty,
+                       not_scored=not_scored(rows))
     if not stats:
         return out
     rewards = [s.mean_reward for s in stats]

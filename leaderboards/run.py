@@ -11,17 +11,27 @@ Invariants:
     line (no newline and not a valid row) and skips every key already written, so a killed and
     restarted run writes each episode exactly once (key: suite, task_id, harness, policy, sample);
   * an infrastructure failure (status ``infra_error``: a sandbox that cannot start, a harness that
-    cannot launch, an upstream API that failed and left the episode unfinished, a host-side judge
-    that kept failing) is retried up to ``retries`` times, then written as an ``infra_error`` row
-    with ``attempts`` > 1 — reported and excluded from the means, never a silent 0; a task failure
-    (the agent's fault) is never retried;
+    cannot launch, an upstream API that failed and left the episode unfinished, a judge that kept
+    failing) is retried up to ``retries`` times, then written as an ``infra_error`` row with
+    ``attempts`` > 1 and its ``failure_boundary`` — reported and excluded from the means, never a
+    silent 0; a task failure (the agent's fault, however it broke its workspace) is never retried;
+  * a full disk (or any failed write) under the results file is a clear :class:`ResultsWriteError`
+    that stops the run: the file is cut back to its last complete line (never a torn line), so a
+    restart re-runs only the episodes whose rows were not written;
+  * the results file is created 0600 and every row is redacted (:mod:`clawgym_env.redact`);
+  * leftovers of dead runs (a SIGKILL mid-episode): the run holds a
+    :class:`~clawgym_env.leftovers.RunLock` on its episodes folder, whose ``tmp/`` holds every
+    temporary folder of the run; the next start deletes dead runs' folders, cgroups of dead pids and
+    episode folders that never finished and that no row references;
   * ``rerun_infra`` re-runs keys whose row is an ``infra_error``; the new row is appended after the
     old one and readers keep the last row of a key (:func:`leaderboards.schema.latest_by_key`);
-  * tasks scored on the host (JobBench judge, ClawGym-Bench hybrid rubric: :func:`needs_host_scoring`)
-    keep their final workspace until :func:`host_side_score` has read it; JobBench episodes skip
-    the hermetic verifier (they ship no reward.sh). The judge is ``judge`` or, when a task needs
-    one, :meth:`tasks.judge.JudgeClient.from_env` (``CLAWGYM_JUDGE_BASE_URL``/``_MODEL``/``_API_KEY``),
-    built before any episode starts so a missing configuration fails at once.
+  * every episode is graded inside the episode by its task's grader (:mod:`clawgym_env.grading`:
+    ``reward.sh``, ClawGym-Bench hybrid 0.7 code + 0.3 rubric, JobBench judge per rubric), exactly
+    as in ``env.step`` and training; an episode with no valid reward (``reward_invalid``: the judge
+    failed) is retried, then reported, as ``infra_error``. The judge is ``judge`` or, when a task
+    needs one (:func:`needs_host_scoring`), :meth:`tasks.judge.JudgeClient.from_env`
+    (``CLAWGYM_JUDGE_BASE_URL``/``_MODEL``/``_API_KEY``), built before any episode starts so a
+    missing configuration fails at once.
 """
 
 from __future__ import annotations
@@ -32,20 +42,28 @@ import fcntl
 import logging
 import os
 import re
-import shutil
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from clawgym_env.capture.records import dump_record
 from clawgym_env.errors import ClawGymError, TaskError
+from clawgym_env.failures import exception_failure
+from clawgym_env.leftovers import RunLock, reap_orphan_episodes
+from clawgym_env.redact import redact
 from leaderboards.schema import ResultRow, RowKey, parse_lines
 
 log = logging.getLogger("clawgym.eval")
 
 
 # -- results file ------------------------------------------------------------------------------
+
+class ResultsWriteError(TaskError):
+    """A results row could not be written (disk full, I/O error); the file was cut back to its last
+    complete line. The message names the file, the cause and the fix."""
+
 
 class ResultsFile:
     """Append-only JSONL of :class:`ResultRow`, exclusively locked while open (a context manager)."""
@@ -60,7 +78,7 @@ class ResultsFile:
 
     def __enter__(self) -> "ResultsFile":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -68,6 +86,7 @@ class ResultsFile:
             raise TaskError(f"{self.path} is being written by another evaluation run; wait for it, or "
                             "write to another --out file") from None
         self._fd = fd
+        os.fchmod(fd, 0o600)  # run outputs are private to the user
         self._load_and_repair()
         return self
 
@@ -97,20 +116,41 @@ class ResultsFile:
         self.rows, self.bad_lines = parsed.rows, parsed.bad_lines
 
     def append(self, row: ResultRow) -> None:
-        line = (row.model_dump_json() + "\n").encode("utf-8")
+        """Append one row (redacted), durably; on any write failure cut the file back to where it
+        was and raise :class:`ResultsWriteError`."""
+        line = (dump_record(row) + "\n").encode("utf-8")
         with self._lock:
             if self._fd is None:
                 raise TaskError(f"{self.path} is closed")
-            os.write(self._fd, line)  # O_APPEND: one write, at the end
-            os.fsync(self._fd)
+            end = os.fstat(self._fd).st_size
+            try:
+                n = os.write(self._fd, line)  # O_APPEND: one write, at the end
+                if n != len(line):
+                    raise OSError(28, f"short write ({n} of {len(line)} bytes)")
+                os.fsync(self._fd)
+            except OSError as exc:
+                try:
+                    os.ftruncate(self._fd, end)
+                    os.fsync(self._fd)
+                except OSError:
+                    pass
+                raise ResultsWriteError(
+                    f"could not write a row to {self.path}: {exc.strerror or exc}; the file is intact up to its "
+                    "last complete row. Free space on that disk (or pass another --out), then run the same "
+                    "command again: finished episodes are skipped") from exc
             self.rows.append(row)
 
 
-# -- host-side scoring hook ----------------------------------------------------------------------
+# -- grading: inside the episode, through the task's grader ------------------------------------
 
 def needs_host_scoring(task: Any) -> str | None:
-    """Which host-side scorer grades ``task``: ``"jobbench"`` (LLM judge per rubric, no reward.sh),
-    ``"hybrid"`` (ClawGym-Bench: reward.sh's code score + an LLM judge's rubric score) or None."""
+    """Which LLM-judge grader ``task`` has: ``"jobbench"`` (judge per rubric, no reward.sh),
+    ``"hybrid"`` (ClawGym-Bench: reward.sh's code score + the judge's rubric score) or None.
+
+    The name is historical: these tasks are graded inside the episode now
+    (:mod:`clawgym_env.grading`, the task's ``grader``), with the judge this runner passes in, so
+    ``clawgym eval``, ``env.step`` and training read one reward; the runner only needs to know
+    whether to build a judge before the first episode."""
     if getattr(task, "grading_type", None) == "jobbench":
         return "jobbench"
     from tasks.hybrid import is_hybrid
@@ -119,38 +159,17 @@ def needs_host_scoring(task: Any) -> str | None:
 
 
 def host_side_score(task: Any, workspace: Path, *, judge: Any, record: Any) -> tuple[float, dict[str, float], str]:
-    """Grade a finished episode on the host → (reward, subscores, scorer name).
+    """Grade a kept final ``workspace`` again with the task's grader → (reward, subscores, scorer).
 
-    * ``jobbench``: :func:`tasks.jobbench.score_jobbench` over the final workspace (the episode ran
-      with ``grade=False``: JobBench tasks have no reward.sh);
-    * ``hybrid``: :func:`tasks.hybrid.hybrid_grade` from the record's code score (reward.sh, already
-      run hermetically) and the judge's rubric score (0.7 code + 0.3 rubric).
-    Raises when the judge failed (unreachable, unusable verdict): the runner retries the episode,
-    then reports ``infra_error`` — a judge outage is never the agent's 0.
-    """
-    kind = needs_host_scoring(task)
-    if kind == "jobbench":
-        from tasks.jobbench import score_jobbench
+    For re-scoring saved workspaces (e.g. with another judge); episodes are already graded inside
+    the episode. Raises :class:`TaskError` when there is no valid reward (judge outage, unusable
+    verdict) — never the agent's 0."""
+    from clawgym_env.grading import grade_episode
 
-        result = score_jobbench(task, workspace, judge)
-        reward, details = result
-        subs = getattr(result, "subscores", None) or {
-            k: float(details[k]) for k in ("earned", "possible") if isinstance(details.get(k), (int, float))}
-        if details.get("judge_errors"):
-            subs = {**subs, "judge_errors": float(details["judge_errors"])}
-        return float(reward), subs, "tasks.jobbench.score_jobbench"
-    if kind == "hybrid":
-        from tasks.hybrid import hybrid_grade
-
-        grade = hybrid_grade(task, record.reward, record.final_message, workspace, judge,
-                             subscores=dict(record.subscores))
-        if grade.score is None:
-            raise TaskError(f"hybrid grading of {task.id} failed ({grade.status}): {grade.error}")
-        subs = {**grade.subscores, "code_score": float(grade.code_score or 0.0)}
-        if grade.rubric_score is not None:
-            subs["rubric_score"] = float(grade.rubric_score)
-        return float(grade.score), subs, "tasks.hybrid.hybrid_grade"
-    raise TaskError(f"task {getattr(task, 'id', '?')} has no host-side scorer")
+    gr = grade_episode(task, workspace, final_message=getattr(record, "final_message", None), judge=judge)
+    if not gr.valid:
+        raise TaskError(f"grading of {getattr(task, 'id', '?')} gave no valid reward: {gr.reason}")
+    return gr.reward, dict(gr.subscores), gr.scorer
 
 
 def default_judge() -> Any:
@@ -172,6 +191,7 @@ class EvalSummary:
     retried: int  # extra attempts spent on infrastructure failures
     repaired_tail: bool = False
     stopped_early: bool = False
+    reaped: list[str] = dataclasses.field(default_factory=list)  # leftovers of dead runs deleted at start
 
 
 def _safe(text: str) -> str:
@@ -219,14 +239,19 @@ def run_eval(suite: str | Path, *, harness: str, policy: Any, out: str | Path, s
     out = Path(out)
     # absolute: the sandbox binds the episode's workspace by path
     episodes_dir = (Path(episodes_dir) if episodes_dir else out.with_name(out.stem + "-episodes")).resolve()
-    with ResultsFile(out) as results:
+    with ResultsFile(out) as results, RunLock(episodes_dir, results=out.resolve()) as run:
+        reap_orphan_episodes(episodes_dir, {r.episode_dir for r in results.rows if r.episode_dir}, run.reaped)
+        reaped = run.reaped.runs + run.reaped.cgroups + run.reaped.episode_dirs
+        if reaped:
+            log.warning("removed %d leftover(s) of dead runs (%d run folders, %d cgroups, %d episode folders)",
+                        len(reaped), len(run.reaped.runs), len(run.reaped.cgroups), len(run.reaped.episode_dirs))
         done = {r.key for r in results.rows if not (rerun_infra and r.is_infra_failure)}
         if results.bad_lines:
             log.warning("%s: %d unreadable line(s) ignored", out, results.bad_lines)
         jobs = [_Job(t, s, (st.name, t.id, harness, policy_key, s)) for t in tasks for s in range(samples)]
         todo = [j for j in jobs if j.key not in done]
         summary = EvalSummary(out=out, total=len(jobs), skipped=len(jobs) - len(todo), ran=0, infra_failures=0,
-                              retried=0, repaired_tail=results.repaired_tail)
+                              retried=0, repaired_tail=results.repaired_tail, reaped=reaped)
         if not todo:
             return summary
         if judge is None and any(needs_host_scoring(j.task) for j in todo):
@@ -281,7 +306,8 @@ class _Runner:
             row = self._attempt(job, attempt)
             if not row.is_infra_failure:
                 return row, attempt
-            log.warning("%s#%d attempt %d: infrastructure failure: %s", job.task.id, job.sample, attempt, row.error)
+            log.warning("%s#%d attempt %d: infrastructure failure (%s): %s", job.task.id, job.sample, attempt,
+                        row.failure_boundary or "?", redact(row.error or ""))
             if attempt <= self.retries and self.backoff_s:
                 time.sleep(self.backoff_s * attempt)
         row.error = f"infrastructure failure after {row.attempts} attempt(s): {row.error}"
@@ -298,38 +324,43 @@ class _Runner:
         t0 = time.monotonic()
         try:
             res = self.rt.run(task, self.adapter, episode_id=episode_id, sampling=self.sampling or None,
-                              keep_workspace=self.keep_workspace or scorer_kind is not None,
-                              grade=scorer_kind != "jobbench")
+                              keep_workspace=self.keep_workspace, judge=self.judge)
         except Exception as exc:  # noqa: BLE001 - a rollout that could not run is a record, not a crash
             kind = "" if isinstance(exc, ClawGymError) else "unexpected "
             log.warning("episode %s raised", episode_id, exc_info=not isinstance(exc, ClawGymError))
             return self._row(job, attempt, status="infra_error", wall_s=time.monotonic() - t0,
+                             failure_boundary=exception_failure(exc).boundary,
                              error=f"{kind}{type(exc).__name__}: {exc}")
         rec = res.record
         episode_dir = Path(rec.calls_path).parent if rec.calls_path else None
         fields: dict[str, Any] = dict(
             status=rec.status, reward=rec.reward, subscores=dict(rec.subscores), num_calls=rec.num_calls,
             wall_s=rec.wall_s, calls_path=rec.calls_path, episode_dir=str(episode_dir) if episode_dir else None,
-            error=rec.error, token_exact=all(c.token_exact for c in res.calls) if res.calls else None)
+            error=rec.error, failure_boundary=rec.failure_boundary,
+            token_exact=all(c.token_exact for c in res.calls) if res.calls else None)
         failures = self._upstream_failures(episode_id)
-        if failures and rec.status != "ok":  # the model API, not the agent, ended this episode
-            fields.update(status="infra_error", error=f"upstream model API failed: {failures[-1]}"
+        if failures and rec.status != "ok" and rec.is_task_outcome:  # the model API, not the agent, ended it
+            fields.update(status="infra_error", failure_boundary="policy",
+                          error=f"upstream model API failed: {failures[-1]}"
                           + (f" (episode status was {rec.status})" if rec.status else ""))
-        if scorer_kind is not None and fields["status"] != "infra_error" and episode_dir is not None:
-            fields.update(self._host_score(task, episode_dir / "workspace", rec))
-            if not (self.keep_workspace or os.environ.get("CLAWGYM_KEEP_WORKSPACES")):
-                shutil.rmtree(episode_dir / "workspace", ignore_errors=True)
+        fields.update(self._grade_fields(task, scorer_kind, rec, fields["status"]))
         return self._row(job, attempt, **fields)
 
     def _upstream_failures(self, episode_id: str) -> list[str]:
         pop = getattr(self.rt.policy, "pop_failures", None)
         return list(pop(episode_id)) if callable(pop) else []
 
-    def _host_score(self, task: Any, workspace: Path, rec: Any) -> dict[str, Any]:
-        """Scorer fields for the row; a failing scorer (judge outage) makes the attempt infra_error."""
-        try:
-            reward, subs, scorer = host_side_score(task, workspace, judge=self.judge, record=rec)
-        except Exception as exc:  # noqa: BLE001 - the judge's fault, not the agent's: retried as infra
-            log.warning("host-side scoring of %s failed", task.id, exc_info=not isinstance(exc, ClawGymError))
-            return {"status": "infra_error", "error": f"host-side scoring failed: {type(exc).__name__}: {exc}"}
-        return {"reward": reward, "subscores": subs, "scorer": scorer}
+    @staticmethod
+    def _grade_fields(task: Any, scorer_kind: str | None, rec: Any, status: str) -> dict[str, Any]:
+        """Row fields from the episode's own grade. No valid reward (``reward_invalid``: the judge
+        failed) is retried, then reported, as an infrastructure failure — never the agent's 0."""
+        if status == "infra_error":
+            return {}
+        if rec.status == "reward_invalid":
+            log.warning("grading of %s gave no valid reward: %s", task.id, rec.error)
+            return {"status": "infra_error", "error": f"host-side scoring failed: {rec.error}"}
+        if scorer_kind is None:
+            return {}
+        from clawgym_env.grading import grader_of
+
+        return {"scorer": grader_of(task).name}

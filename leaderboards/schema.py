@@ -8,8 +8,10 @@ Invariants:
     holds at most one *final* row per key: readers keep the last row of a key (a rerun of an
     infrastructure failure appends its new row after the old one);
   * ``status == "infra_error"`` means the episode could not be run (sandbox, harness launch,
-    upstream API) even after the runner's retries; such a row carries no task outcome and is
-    excluded from every mean, never counted as a 0;
+    upstream API) even after the runner's retries, and ``reward_invalid`` that no valid reward could
+    be computed (the judge failed); such a row carries no task outcome (:attr:`ResultRow.is_task_outcome`
+    is False) and is excluded from every mean, never counted as a 0; ``failure_boundary`` says where
+    a failure happened (sandbox, harness, proxy, policy, grader, internal);
   * a line that is not a complete JSON object (a crash cut the last write short) is skipped and
     counted, never fatal: :func:`read_results` returns the rows that did parse.
 """
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Iterable
 
 from pydantic import BaseModel, Field, ValidationError
+
+from clawgym_env.capture.records import NOT_TASK_OUTCOMES
 
 ROW_SCHEMA_VERSION = 1
 RowKey = tuple[str, str, str, str, int]
@@ -43,7 +47,8 @@ class ResultRow(BaseModel):
     policy: str
     sample: int = Field(ge=0, description="0-based sample index of this (task, harness, policy)")
     status: str = Field(description="EpisodeRecord.status: ok, harness_error, timeout, no_final_answer, "
-                                    "reward_error or infra_error")
+                                    "reward_error, reward_invalid or infra_error")
+    failure_boundary: str | None = Field(default=None, description="where a failure happened (EpisodeRecord)")
     reward: float = 0.0
     subscores: dict[str, float] = Field(default_factory=dict)
     num_calls: int = 0
@@ -61,8 +66,14 @@ class ResultRow(BaseModel):
         return (self.suite, self.task_id, self.harness, self.policy, self.sample)
 
     @property
+    def is_task_outcome(self) -> bool:
+        """The reward is the agent's own outcome (scored); False for infra_error and reward_invalid."""
+        return self.status not in NOT_TASK_OUTCOMES
+
+    @property
     def is_infra_failure(self) -> bool:
-        return self.status == "infra_error"
+        """No task outcome (see :attr:`is_task_outcome`): retried by the runner, excluded from means."""
+        return not self.is_task_outcome
 
     @property
     def success(self) -> bool:

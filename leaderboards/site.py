@@ -70,12 +70,18 @@ def _cells(s: GroupSummary, rank: int | None) -> list[tuple[str, str]]:
     return cells
 
 
+def not_scored_notes(entries: Sequence[GroupSummary]) -> list[str]:
+    """One line per entry with episodes that were not scored: where they failed (status/boundary)."""
+    return [f"{s.policy} · {s.harness}: " + ", ".join(f"{k} ×{v}" for k, v in s.not_scored.items())
+            for s in entries if s.not_scored]
+
+
 def markdown(summaries: Sequence[GroupSummary], *, bad_lines: int = 0) -> str:
     lines = ["# ClawGym leaderboard", "",
              "Pass@1 is the mean reward, strict success the share of episodes with reward 1, both averaged "
              "over tasks, with 95% bootstrap intervals over tasks in brackets; Pass@k is the unbiased "
-             "estimator at the largest k every task has samples for. Infrastructure failures are counted, "
-             "not scored.", ""]
+             "estimator at the largest k every task has samples for. Infrastructure failures (and episodes "
+             "with no valid reward) are counted per harness with where they happened, not scored.", ""]
     if bad_lines:
         lines += [f"> {bad_lines} unreadable results line(s) were skipped.", ""]
     for suite, group in _by_suite(summaries).items():
@@ -84,6 +90,9 @@ def markdown(summaries: Sequence[GroupSummary], *, bad_lines: int = 0) -> str:
                   "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
         lines += ["| " + " | ".join(t.replace("|", "\\|") for t, _ in _cells(s, i)) + " |"
                   for i, s in enumerate(entries, 1)]
+        notes = not_scored_notes(entries)
+        if notes:
+            lines += ["", "Not scored (status/where it failed):", ""] + [f"- {n}" for n in notes]
         cats = [s for s in group if s.category is not None]
         if cats:
             lines += ["", f"### {suite} by category", "", "| " + " | ".join(CAT_HEAD) + " |",
@@ -140,6 +149,10 @@ def html_page(summaries: Sequence[GroupSummary], *, charts: dict[str, str], bad_
         entries = [s for s in group if s.category is None]
         parts.append(f'<h2 id="suite-{html.escape(suite)}">{html.escape(suite)}</h2>')
         parts.append(_table(HEAD, [(s, _cells(s, i)) for i, s in enumerate(entries, 1)], "entries"))
+        notes = not_scored_notes(entries)
+        if notes:
+            parts.append('<p class="note not-scored">Not scored (status/where it failed): '
+                         + "; ".join(html.escape(n) for n in notes) + "</p>")
         if suite in charts:
             parts.append(f'<img class="chart" src="{html.escape(charts[suite])}" alt="Pass@1 and strict success '
                          f'on {html.escape(suite)}">')

@@ -4,8 +4,9 @@ Public API: :func:`load_task_dir` (one ClawGym task dir → :class:`Task`), :fun
 (bundled name or folder → :class:`Suite`, bad tasks listed in ``suite.issues``),
 :func:`resolve_task` (``suite/id`` or a path → :class:`Task`), :func:`list_suites` (bundled names),
 :func:`load_expert` (a task's validated ``expert.json``); JobBench: :func:`load_jobbench`,
-:func:`score_jobbench` (host-side LLM-judge grading), :func:`jobbench_leaderboard_score`, and the
-shared judge :class:`JudgeClient`.
+:func:`score_jobbench` (LLM-judge grading), :func:`jobbench_leaderboard_score`, and the
+shared judge :class:`JudgeClient`. Every task's ``grader`` (:mod:`tasks.graders`: ``reward.sh``,
+hybrid, JobBench judge) is what the engine applies inside each episode.
 OfficeQA: :func:`load_officeqa` (scorer: :func:`tasks.officeqa.score_answer`); ClawGym-Bench:
 :func:`load_clawgym_bench`, :func:`score_hybrid` (0.7 code + 0.3 rubric, see :mod:`tasks.hybrid`).
 """

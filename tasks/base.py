@@ -65,6 +65,15 @@ class Task(BaseModel):
     def grading_type(self) -> str:
         return str(self.metadata.get("grading_type") or "automated")
 
+    @property
+    def grader(self) -> Any:
+        """The grader the engine applies inside the episode (:mod:`clawgym_env.grading`), chosen by
+        the task's kind: ``reward.sh``, hybrid code + rubric judge, or JobBench rubric judge
+        (:func:`tasks.graders.grader_for`)."""
+        from tasks.graders import grader_for
+
+        return grader_for(self)
+
 
 class TaskLoadIssue(BaseModel):
     """A task dir in a suite that could not be loaded (the suite still loads the others)."""

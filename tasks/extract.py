@@ -275,19 +275,29 @@ def extract_file(path: str | Path, *, rel: str | None = None, max_chars: int = M
 
 def iter_files(root: str | Path) -> list[tuple[str, Path]]:
     """(relative POSIX path, path) of every entry to report under ``root``, sorted; symlinks are
-    reported (as links) but never descended into or read. Empty when ``root`` is absent or a link."""
+    reported (as links) but never descended into or read; fifos, sockets and devices are left out.
+    Empty when ``root`` is absent or a link. The walk keeps its own stack (any depth is fine) and
+    relative paths are valid UTF-8 (undecodable bytes of a name shown as ``\\xNN``)."""
     root = Path(root)
     if root.is_symlink() or not root.is_dir():
         return []
     out: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        d = Path(dirpath)
-        linked_dirs = [n for n in dirnames if (d / n).is_symlink()]
-        dirnames[:] = sorted(n for n in dirnames if n not in linked_dirs)
-        for n in list(filenames) + linked_dirs:
-            p = d / n
-            if p.is_symlink() or p.is_file():
-                out.append((p.relative_to(root).as_posix(), p))
+    stack = [(root, "")]
+    while stack:
+        folder, prefix = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for e in entries:
+            rel = prefix + os.fsencode(e.name).decode("utf-8", "backslashreplace")
+            try:
+                if e.is_symlink() or e.is_file(follow_symlinks=False):
+                    out.append((rel, Path(e.path)))
+                elif e.is_dir(follow_symlinks=False):
+                    stack.append((Path(e.path), rel + "/"))
+            except OSError:
+                continue
     return sorted(out)
 
 

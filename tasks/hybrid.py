@@ -10,8 +10,10 @@ where ``code_score`` is what ``reward/reward.sh`` prints (the hermetic verifier,
 (:class:`tasks.judge.JudgeClient`) shown the task, the rubric, the agent's final message and the
 workspace's output files. Automated tasks score ``code_score`` alone.
 
-The judge runs on the host, after the sandboxed verifier (the verifier has no network). Runners:
-  * already hold the code score (an episode record's ``reward``) → :func:`hybrid_grade`;
+The judge runs on the host, after the sandboxed verifier (the verifier has no network). Episodes
+are graded this way inside the episode (:class:`tasks.graders.HybridGrader`, the task's
+``grader``), so ``env.step``, training and ``clawgym eval`` read one reward. Other callers:
+  * already hold the code score → :func:`hybrid_grade`;
   * hold only a final workspace → :func:`grade_bench` (runs the verifier, then the judge).
 
 Invariants: :func:`score_hybrid` is exactly ``0.7 a + 0.3 b`` for ``a, b`` in [0, 1] (ValueError
@@ -23,8 +25,9 @@ otherwise); a judge failure (unreachable, non-JSON, score outside [0, 1]) never 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -69,13 +72,16 @@ def score_hybrid(code_score: float, rubric_score: float) -> float:
     return CODE_WEIGHT * float(code_score) + RUBRIC_WEIGHT * float(rubric_score)
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _text_of(path: Path, limit: int) -> str | None:
-    """Up to ``limit`` characters of a text file; None for binary content."""
-    with path.open("rb") as f:
+    """Up to ``limit`` characters of a regular file (never through a link, never a fifo); None for
+    binary content or a file that cannot be opened as a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         head = f.read(limit * 4 + 4)
     if b"\x00" in head:
         return None
@@ -86,33 +92,36 @@ def _text_of(path: Path, limit: int) -> str | None:
 def describe_workspace(task: Task, workspace: str | Path, *, file_chars: int = FILE_CHARS,
                        total_chars: int = TOTAL_CHARS) -> str:
     """A listing of the workspace (``reward/`` excluded) marking each file new, modified or an
-    unchanged input, followed by the contents of the new and modified text files, within budget."""
+    unchanged input, followed by the contents of the new and modified text files, within budget.
+
+    The workspace is the agent's: it is walked without recursion or following links, files are
+    fingerprinted by streaming (:func:`clawgym_env.workspace_files.snapshot`: deep trees, sparse
+    files, fifos and non-UTF-8 names are fine), and only regular files are ever opened."""
+    from clawgym_env.workspace_files import snapshot
+
     ws = Path(workspace)
-    inputs: dict[str, str] = {}
+    inputs = {}
     if task.input_dir is not None and Path(task.input_dir).is_dir():
-        base = Path(task.input_dir)
-        inputs = {p.relative_to(base).as_posix(): _digest(p) for p in base.rglob("*")
-                  if p.is_file() and not p.is_symlink()}
+        inputs = {rel: e.digest for rel, e in snapshot(task.input_dir).items() if e.kind == "file"}
     listing, changed = [], []
-    for p in sorted(ws.rglob("*")):
-        rel = p.relative_to(ws).as_posix()
-        if rel == "reward" or rel.startswith("reward/") or not p.is_file() or p.is_symlink():
+    for rel, entry in sorted(snapshot(ws).items()):
+        if rel == "reward" or rel.startswith("reward/") or entry.kind != "file":
             continue
-        state = "new" if rel not in inputs else ("input" if inputs[rel] == _digest(p) else "modified")
-        listing.append(f"- {rel} ({p.stat().st_size} bytes, {state})")
+        state = "new" if rel not in inputs else ("input" if inputs[rel] == entry.digest else "modified")
+        listing.append(f"- {rel} ({entry.size} bytes, {state})")
         if state != "input":
-            changed.append((rel, p))
+            changed.append((rel, ws / rel, entry.size or 0))
     parts = ["## Workspace files", "\n".join(listing) or "(the workspace is empty)"]
     budget = total_chars
-    for rel, p in changed:
+    for rel, p, size in changed:
         if budget <= 0:
             parts.append(f"### {rel}\n(not shown: the content budget is used up)")
             continue
         text = _text_of(p, min(file_chars, budget))
         if text is None:
-            parts.append(f"### {rel}\n(binary file, {p.stat().st_size} bytes)")
+            parts.append(f"### {rel}\n(binary or unreadable file, {size} bytes)")
             continue
-        cut = p.stat().st_size > len(text.encode("utf-8"))
+        cut = size > len(text.encode("utf-8"))
         parts.append(f"### {rel}\n```\n{text}\n```" + ("\n(truncated)" if cut else ""))
         budget -= len(text)
     return "\n\n".join(parts)
@@ -120,11 +129,12 @@ def describe_workspace(task: Task, workspace: str | Path, *, file_chars: int = F
 
 def build_judge_prompt(task: Task, rubric: str, final_message: str | None, workspace: str | Path) -> str:
     """The user message of the judge request (task, rubric, final message, workspace files)."""
-    return "\n\n".join([
+    text = "\n\n".join([
         "# Task given to the agent", task.instruction.strip(),
         "# Rubric", rubric.strip(),
         "# Agent's final message", (final_message or "").strip() or "(none)",
         describe_workspace(task, workspace)])
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")  # lone surrogates cannot go on the wire
 
 
 def _parse_score(obj: dict[str, Any]) -> float:

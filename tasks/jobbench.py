@@ -26,14 +26,12 @@ parquet's folder (``dataset/<occupation>/taskN/task_folder/<file>``) and are use
     ``suite.issues`` entry; only an unusable path or table raises :class:`TaskError`.
 
 Grading — why not ``reward/reward.sh``: the hermetic verifier runs with no network, and this grader
-needs the judge endpoint. JobBench tasks therefore carry no ``reward_dir`` (the hermetic grader
-reports "no reward.sh" as a ``reward_error``; it never scores them a silent 0) and the eval runner
-grades on the host after the episode::
+needs the judge endpoint. JobBench tasks therefore carry no ``reward_dir``; their grader
+(:class:`tasks.graders.JobBenchGrader`, the task's ``grader``) runs inside the episode, on the host
+side of the sandbox, so ``env.step``, training and ``clawgym eval`` read the same reward::
 
-    res = run_episode(task, adapter, proxy, grade=False, keep_workspace=True, out_dir=out)
-    if task.grading_type == "jobbench":
-        ws = Path(res.record.calls_path).parent / "workspace"
-        reward, details = score_jobbench(task, ws, JudgeClient.from_env())
+    res = run_episode(task, adapter, proxy, judge=JudgeClient.from_env())   # or judge=None: the same
+    res.record.reward, res.record.status   # "reward_invalid" when the judge failed
 
 :func:`score_jobbench` extracts the text of every file under ``<workspace>/outputs/`` (see
 :mod:`tasks.extract`), asks the judge ONE question per rubric (all its criteria at once,

@@ -43,8 +43,9 @@ VERDICT_FORMAT = (
 def build_rubric_prompt(rubric: Any, deliverables: str) -> str:
     """The user message of the judge call for one rubric (``rubric``: a :class:`Rubric`)."""
     crits = "\n".join(f"Criterion {i}: {c}" for i, c in enumerate(rubric.criteria))
-    return (f"# Rubric\n{rubric.rubric}\n\n# Criteria ({len(rubric.criteria)})\n{crits}\n\n"
+    text = (f"# Rubric\n{rubric.rubric}\n\n# Criteria ({len(rubric.criteria)})\n{crits}\n\n"
             f"# Delivered files\n{deliverables}\n\n# Answer\n{VERDICT_FORMAT}")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")  # lone surrogates cannot go on the wire
 
 
 class JobBenchScore(NamedTuple):

@@ -7,6 +7,7 @@ hermetic grading path is tested elsewhere.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -98,6 +99,27 @@ def test_garbage_outputs_are_not_a_crash(task_id, tmp_path):
     data["final_message"] = {"oops": 1}
     payload.write_text(json.dumps(data))
     _assert_well_formed(run_check(task, ws, payload))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task_id", IDS)
+def test_hermetic_grade_agrees_exactly_with_the_official_reward_sh(task_id, tmp_path):
+    """The sandboxed, hermetic grader gives an honest workspace exactly what the task's own reward.sh
+    gives it run as is on the host (the official pipeline): expert, wrong attempt and untouched."""
+    from clawgym_env.reward import grade_workspace
+
+    task = TASKS[task_id]
+    expert = load_expert(task)
+    for name, steps in (("expert", expert.steps), ("wrong", expert.wrong), ("nothing", [])):
+        ws = stage_workspace(task, tmp_path / name / "ws")
+        run = apply_steps(steps, ws)
+        final = run.final or ""
+        official = tmp_path / name / "official"
+        shutil.copytree(ws, official, symlinks=True)
+        write_payload(task, tmp_path / name / "payload.json", final, run.transcript)
+        score, out = run_reward_sh_on_host(task, official, tmp_path / name / "payload.json")
+        rr = grade_workspace(task, ws, final_message=final, transcript=run.transcript)
+        assert rr.ok and rr.reward == score, (name, rr.reward, score, rr.reason, rr.stderr, out)
 
 
 def test_helper_refuses_paths_outside_the_workspace(tmp_path):

@@ -219,3 +219,39 @@ def test_category_report(forms):
     assert report["Analysis & Reason."] == {"n": 1.0, "failed": 0.0, "mean": 0.645}
     assert report["Systems & Auto."] == {"n": 2.0, "failed": 1.0, "mean": 1.0}
     assert report["overall"]["mean"] == pytest.approx((0.645 + 1.0) / 2)
+
+
+def test_judge_grading_survives_a_hostile_workspace(forms, tmp_path, judge_server):
+    """A fifo, a non-UTF-8 name, 1,200 nested folders, a 3 GiB sparse file and a link to a host file
+    in the agent's workspace: the rubric judge still gets one valid request, without the host file."""
+    import os
+    import subprocess
+
+    _, table, _ = forms
+    task = table.get("task_h1")
+    ws = solve(task, tmp_path)
+    os.mkfifo(ws / "pipe")
+    (ws / os.fsdecode(b"caf\xe9.txt")).write_text("latin-1 name\n")
+    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1200):  # deeper than PATH_MAX and than Python's recursion limit
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    out = os.open("bottom.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+    os.write(out, b"deep\n")
+    os.close(out)
+    os.close(fd)
+    with open(ws / "sparse.bin", "wb") as f:
+        f.truncate(3 << 30)
+    os.symlink("/etc/passwd", ws / "output" / "passwd.md")
+    judge_server.replies.append('{"score": 0.5, "rationale": "ok"}')
+    n = len(judge_server.requests)
+    grade = hybrid_grade(task, 1.0, "done \udcff", ws, judge=judge_server.client)
+    assert grade.status == "ok" and grade.score == 0.7 + 0.3 * 0.5, grade.error
+    assert len(judge_server.requests) == n + 1
+    prompt = "\n".join(m["content"] for m in judge_server.requests[-1]["messages"])
+    assert "caf\\xe9.txt" in prompt and "root:" not in prompt and "pipe" not in prompt
+    assert "- sparse.bin (3221225472 bytes, new)" in prompt
+    assert "/d/d/bottom.txt (5 bytes, new)" in prompt
+    subprocess.run(["rm", "-rf", str(ws)], check=True)  # pytest's own clean-up recurses per level

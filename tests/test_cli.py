@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -30,7 +31,9 @@ def test_run_json_and_grade(tmp_path, builtin_suite):
     for key in ("task_id", "harness", "reward", "subscores", "status", "num_calls", "wall_s", "calls_path"):
         assert key in obj
     assert obj["status"] == "ok" and obj["reward"] == 1.0 and obj["harness"] == "mini"
+    assert obj["failure_boundary"] is None and obj["error"] is None
     ws = tmp_path / "eps" / obj["episode_dir"].split("/")[-1] / "workspace"
+    assert os.stat(tmp_path / "eps").st_mode & 0o777 == 0o700 and os.stat(ws.parent).st_mode & 0o777 == 0o700
     assert ws.is_dir() and obj["episode_dir"].startswith(str(tmp_path))
     graded = json.loads(clawgym("grade", "--task-dir", str(task.task_dir), "--workspace", str(ws),
                                 "--final-message", obj["final_message"] or "", "--json").stdout)

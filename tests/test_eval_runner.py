@@ -51,6 +51,12 @@ def test_eval_killed_mid_run_and_restarted_writes_each_episode_once(tmp_path):
         proc.wait(timeout=60)
     first = _lines(out)
     assert 1 <= len(first) < 4, "the kill must land mid-run"
+    episodes = tmp_path / "results-episodes"
+    (dead,) = (episodes / ".runs").iterdir()  # the killed run's lock folder names its temporary folder
+    dead_tmp = Path(json.loads((dead / "owner.json").read_text())["tmp"])
+    assert dead_tmp.is_dir(), "the killed run left its temporary folder (sandbox roots) behind"
+    unfinished = [d for d in episodes.iterdir() if d.name != ".runs" and not (d / "episode.json").exists()]
+    assert unfinished, "the kill left episodes in flight"
     with out.open("a") as fh:  # as if the kill had also cut a write short
         fh.write('{"schema_version": 1, "suite": "builtin", "task_id": "csv_to')
 
@@ -69,8 +75,59 @@ def test_eval_killed_mid_run_and_restarted_writes_each_episode_once(tmp_path):
         assert r.harness == "mini" and r.policy == "scripted:expert" and r.suite == "builtin"
         assert r.category and r.num_calls >= 2 and r.token_exact is True
         assert Path(r.calls_path).is_file() and Path(r.episode_dir, "episode.json").is_file()
+    # the restart reaped every leftover of the killed run: no orphan workspace, temp folder or cgroup
+    assert not dead_tmp.exists() and list((episodes / ".runs").iterdir()) == []
+    referenced = {Path(r.episode_dir) for r in rows}
+    on_disk = {d for d in episodes.iterdir() if d.name != ".runs"}
+    assert on_disk == referenced, sorted(on_disk ^ referenced)
+    assert not any((d / "workspace").exists() for d in on_disk)
+    assert _mode(out) == 0o600 and all(_mode(d) == 0o700 for d in on_disk)
+    dead_pid = dead.name.split("-")[0]
+    assert not [p for p in _cgroup_dirs() if p.name.startswith(f"clawgym-{dead_pid}-")]
     again = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert "0 episode(s) written, 4 already done of 4" in again.stdout and len(_lines(out)) == 4
+
+
+def _mode(path: Path) -> int:
+    return os.stat(path).st_mode & 0o7777
+
+
+def _cgroup_dirs() -> list[Path]:
+    from clawgym_env.sandbox._hostside import _hierarchy_base, _own_cgroups
+
+    v1, v2 = _own_cgroups()
+    bases = {b[0] for c in ("memory", "pids", "cpu") if (b := _hierarchy_base(c, v1, v2)) is not None}
+    return [d for base in bases for d in base.iterdir() if d.is_dir()]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tiny tmpfs needs root (CI runs as root)")
+def test_full_disk_under_results_is_a_clear_error_without_a_torn_line(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(disk)], check=True)
+    try:
+        out = disk / "results.jsonl"
+        good = ResultRow(suite="s", task_id="t0", harness="mini", policy="p", sample=0, status="ok", reward=1.0)
+        with ResultsFile(out) as rf:
+            rf.append(good)
+            size = out.stat().st_size
+            with (disk / "filler").open("wb", buffering=0) as fh:  # fill the disk to its last page
+                try:
+                    while True:
+                        fh.write(b"\0" * 1024)
+                except OSError:
+                    pass
+            big = good.model_copy(update={"task_id": "t1", "error": "x" * 4000})
+            from leaderboards.run import ResultsWriteError
+
+            with pytest.raises(ResultsWriteError, match="Free space on that disk"):
+                rf.append(big)
+        assert out.read_bytes().endswith(b"\n") and out.stat().st_size == size, "no torn line"
+        (disk / "filler").unlink()
+        with ResultsFile(out) as rf:  # a restart sees exactly the finished row, nothing repaired
+            assert [r.key for r in rf.rows] == [good.key] and not rf.repaired_tail
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
 
 
 class BrokenSandbox:
@@ -254,4 +311,30 @@ def test_upstream_api_outage_is_infra_not_a_zero(tmp_path, tokenizer):
                  progress=False)
     (row,) = read_results(out).rows
     assert row.policy == "passthrough:openai:m" and row.status == "infra_error" and row.attempts == 2
-    assert "upstream model API failed" in row.error and s.infra_failures == 1
+    assert row.failure_boundary == "policy" and "upstream openai model 'm' failed" in row.error, row.error
+    assert s.infra_failures == 1
+
+
+def test_run_outputs_are_private_and_secrets_redacted(tmp_path):
+    """An answer (or an upstream error) echoing the API key lands redacted in episode.json,
+    results.jsonl and the log; every file the run writes is 0600, every folder 0700."""
+    secret = "sk-live-" + "9f3c" * 8
+    script = tmp_path / "leak.json"
+    script.write_text(json.dumps({"steps": [{"final": f"the key is {secret}"}]}))
+    out = tmp_path / "results.jsonl"
+    env = {**os.environ, "CLAWGYM_UPSTREAM_API_KEY": secret}
+    done = subprocess.run([sys.executable, "-m", "clawgym_env.cli", "-v", "eval", "--suite", "builtin", "--harness",
+                           "mini", "--policy", f"scripted:file:{script}", "--limit", "1", "--out", str(out),
+                           "--no-progress", "--keep-workspace"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = read_results(out).rows
+    ep = Path(row.episode_dir)
+    record = json.loads((ep / "episode.json").read_text())
+    assert record["final_message"] == "the key is <redacted>"
+    for text in (out.read_text(), (ep / "episode.json").read_text(), done.stderr, done.stdout):
+        assert secret not in text
+    assert _mode(out) == 0o600 and _mode(ep) == 0o700 and _mode(ep.parent) == 0o700
+    for path in ep.iterdir():
+        if path.is_file():
+            assert _mode(path) == 0o600, path

@@ -111,7 +111,8 @@ def test_crashing_harness_is_a_record(adapter, expert_runtime, builtin_suite):
     bad = ClaudeCodeAdapter(extra_args=["--no-such-flag-clawgym"])
     res = expert_runtime.run(builtin_suite.tasks[0], bad)
     rec = res.record
-    assert rec.status == "harness_error" and rec.exit_code not in (0, None)
+    # the model never acted: the harness's own failure is infrastructure (boundary harness), never trained
+    assert rec.status == "infra_error" and rec.failure_boundary == "harness" and rec.exit_code not in (0, None)
     assert "no-such-flag-clawgym" in rec.logs["stderr"] and rec.num_calls == 0 and rec.reward == 0.0
 
 

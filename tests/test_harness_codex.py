@@ -122,7 +122,8 @@ def test_gym_env_check_and_episode(tmp_path):
 def test_crashing_harness_is_a_record(adapter, expert_runtime, builtin_suite, bad):
     res = expert_runtime.run(builtin_suite.tasks[0], CodexAdapter(**bad))
     rec = res.record
-    assert rec.status == "harness_error" and rec.exit_code not in (0, None), (rec.status, rec.logs)
+    assert rec.status == "infra_error" and rec.failure_boundary == "harness", (rec.status, rec.logs)
+    assert rec.exit_code not in (0, None) and "no model answer" in rec.error
     assert "no_such" in (rec.logs["stderr"] + rec.logs["stdout"]).replace("-", "_") and rec.num_calls == 0
 
 

@@ -325,6 +325,33 @@ def test_rubric_arithmetic_and_all_criteria_must_pass(main_suite, judge, server,
     assert (reward, details["earned"], details["passed_count"]) == (1.0, 18, 3)
 
 
+def test_hostile_deliverables_are_judged_never_a_crash(main_suite, judge, server, tmp_path):
+    """A fifo, a non-UTF-8 name and 1,200 nested folders under outputs/: the judge still gets valid
+    requests naming the files, and the fifo is never opened (it would block forever)."""
+    import os
+    import subprocess
+
+    t = _task(main_suite, "accountants__task1")
+    out = tmp_path / "ws" / "outputs"
+    _write(out.parent, "outputs/memo.md", "Total to reimburse: 671.75. E08 is rejected too.")
+    os.mkfifo(out / "pipe")
+    (out / os.fsdecode(b"r\xe9sum\xe9.md")).write_text("E02 50.00\n")
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1200):
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(os.open("deep.md", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    os.close(fd)
+    reward, details = score_jobbench(t, out.parent, judge)
+    paths = [f["path"] for f in details["files"]]
+    assert "memo.md" in paths and "r\\xe9sum\\xe9.md" in paths and "pipe" not in paths
+    assert any(p.endswith("/d/deep.md") for p in paths) and details["judge_errors"] == 0
+    assert details["judge_calls"] == len(server.requests) == 3
+    subprocess.run(["rm", "-rf", str(tmp_path / "ws")], check=True)  # pytest's clean-up recurses per level
+
+
 def test_empty_or_missing_output_scores_zero_without_judge(main_suite, judge, server, tmp_path):
     t = _task(main_suite, "accountants__task1")
     ws = prepare_workspace(t, tmp_path / "ws")

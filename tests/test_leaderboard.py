@@ -96,6 +96,31 @@ def test_infra_only_group_has_no_score_but_counts():
     assert s.tasks == 0 and s.infra_failures == 2 and math.isnan(s.pass1) and s.pass_at_k == {}
 
 
+def test_no_valid_reward_is_not_scored_and_failures_are_counted_per_harness_and_boundary(tmp_path):
+    """A judge failure (reward_invalid) never lowers a mean; every unscored row is counted per harness
+    with where it failed, in the summary, the Markdown page and the training metrics."""
+    from clawgym_env.capture.records import EpisodeRecord
+    from leaderboards.site import markdown
+    from trainers.metrics import rollout_metrics
+
+    rows = [row("A", 1.0), row("A", 0.0, sample=1, status="reward_invalid"),
+            row("B", 0.0).model_copy(update={"status": "infra_error", "failure_boundary": "policy"}),
+            row("B", 0.5, sample=1), row("A", 0.0, harness="codex").model_copy(
+                update={"status": "infra_error", "failure_boundary": "sandbox"})]
+    mini, codex = sorted(summarize(rows, by_category=False), key=lambda s: s.harness != "mini")
+    assert (mini.tasks, mini.episodes, mini.pass1) == (2, 2, pytest.approx(0.75))
+    assert mini.infra_failures == 2 and mini.not_scored == {"infra_error/policy": 1, "reward_invalid/?": 1}
+    assert codex.not_scored == {"infra_error/sandbox": 1} and codex.tasks == 0
+    assert "p · mini: infra_error/policy ×1, reward_invalid/? ×1" in markdown([mini, codex])
+    recs = [EpisodeRecord(episode_id=str(i), task_id=r.task_id, harness=r.harness, policy="p", status=r.status,
+                          reward=r.reward, failure_boundary=r.failure_boundary) for i, r in enumerate(rows)]
+    m = rollout_metrics(recs)
+    assert (m["episodes"], m["infra_failures"], m["reward_mean"]) == (2, 3, pytest.approx(0.75))
+    assert m["mini/infra_failures"] == 2 and m["codex/infra_failures"] == 1 and m["codex/episodes"] == 0
+    assert m["mini/not_scored/infra_error/policy"] == 1 and m["codex/not_scored/infra_error/sandbox"] == 1
+    assert all(not r.is_task_outcome and r.is_infra_failure for r in recs if r.status != "ok")
+
+
 def test_reading_skips_torn_lines_and_keeps_last_row_per_key(tmp_path):
     p = tmp_path / "r.jsonl"
     rows = _rows()

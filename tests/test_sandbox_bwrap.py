@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import shutil
 import socket
 import socketserver
 import tempfile
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.errors import SandboxError
-from clawgym_env.sandbox import bwrap as bwrap_mod
+from clawgym_env.sandbox import _bwrap_run as bwrap_run
 from clawgym_env.sandbox.base import SandboxLimits, SandboxSpec
 from clawgym_env.sandbox.bwrap import BwrapSandbox, check_bwrap
 
@@ -33,11 +34,13 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-def roots(tmp_path):
-    """Host folder under which sandboxes create their private HOME and /tmp."""
-    d = tmp_path / "roots"
-    d.mkdir()
-    return d
+def roots():
+    """Host folder under which sandboxes create their private HOME and /tmp (enterable by the
+    sandbox uids: pytest's own temp folder is private to root)."""
+    d = Path(tempfile.mkdtemp(prefix="cg-roots-"))
+    d.chmod(0o711)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
@@ -89,20 +92,22 @@ def test_runs_as_uid_1000_with_private_home(ws, roots):
         assert sb.exec(["id", "-u"]).stdout.strip() == "0"  # root inside (a user namespace if not root here)
 
 
-def test_project_and_deps_are_visible_read_only(ws, roots):
+def test_toolchain_is_visible_read_only_and_the_project_is_not(ws, roots):
     import clawgym_env
 
     project = Path(clawgym_env.__file__).resolve().parent.parent
     with make(ws, roots) as sb:
-        r = sb.exec(PY + ["import clawgym_env, openai; print(clawgym_env.__file__)"])
-        assert r.ok, r
-        assert r.stdout.strip() == str(project / "clawgym_env" / "__init__.py")
-        for target in ("/usr/clawgym-probe", f"{project}/clawgym-probe", "/clawgym-probe", "/etc/clawgym-probe"):
+        r = sb.exec(PY + ["import openai, sys; print(sys.version_info[0])"])
+        assert r.ok and r.stdout.strip() == "3", r
+        r = sb.exec(PY + ["import clawgym_env"])  # the project tree (tasks' answers) is not mounted
+        assert not r.ok and "ModuleNotFoundError" in r.stderr, r
+        assert not sb.exec(["ls", str(project)]).ok
+        for target in ("/usr/clawgym-probe", "/clawgym-probe", "/etc/clawgym-probe"):
             r = sb.exec(["sh", "-c", f"echo x > {target}"])
             assert not r.ok and "Read-only file system" in r.stderr, (target, r)
         with pytest.raises(SandboxError, match="read-only"):
-            sb.write_file(f"{project}/clawgym-probe", "x")
-    assert not (project / "clawgym-probe").exists()
+            sb.write_file("/usr/clawgym-probe", "x")
+    assert not Path("/usr/clawgym-probe").exists()
 
 
 def test_host_files_outside_the_mounts_are_invisible(ws, roots):
@@ -121,10 +126,13 @@ def test_host_files_outside_the_mounts_are_invisible(ws, roots):
             # symlinks resolve as the sandbox sees them: /root is the private HOME, not the host's
             assert sb.exec(["sh", "-c", "echo inner > ~/s.txt; ln -s /root/s.txt link2"]).ok
             assert sb.read_file(f"{TARGET}/link2") == b"inner\n"
-            # root-only host files under the read-only binds are masked (the sandbox uid maps to ours)
+            # root-only host files under the read-only binds stay unreadable (not root, or masked)
             if Path("/etc/shadow").exists():
                 assert "root:" not in sb.exec(["cat", "/etc/shadow"]).stdout
-                assert b"root:" not in sb.read_file("/etc/shadow")
+                try:
+                    assert b"root:" not in sb.read_file("/etc/shadow")
+                except SandboxError as e:
+                    assert "may not read" in str(e)
             for bad in ("/proc/1/environ", "/run/x", "relative/path"):
                 with pytest.raises(SandboxError):
                     sb.read_file(bad)
@@ -196,6 +204,7 @@ def proxy_socket():
     d = Path(tempfile.mkdtemp(prefix="cg-px-"))
     sock = d / "proxy.sock"
     server = _UnixHTTP(str(sock), _Hello)
+    sock.chmod(0o666)  # as the proxy does: sandboxes run as other uids
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield sock
     server.shutdown()
@@ -253,11 +262,12 @@ def test_output_is_bounded(ws, roots):
 
 
 def test_limits_are_recorded_and_memory_is_enforced(ws, roots):
-    limits = SandboxLimits(memory_mb=128, max_procs=32, cpu_s=30, open_files=256)
+    limits = SandboxLimits(memory_mb=128, max_procs=32, cpu_s=30, open_files=256, cpus=1.5)
     alloc = PY + ["b = bytearray(512 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); print('survived')"]
     for use_cgroups in (True, False):
         with make(ws, roots, limits=limits, use_cgroups=use_cgroups) as sb:
-            assert set(sb.enforced_limits) | set(sb.unenforced_limits) == {"memory_mb", "max_procs", "cpu_s", "open_files"}
+            every = {"memory_mb", "max_procs", "cpu_s", "open_files", "disk_mb", "cpus"}
+            assert set(sb.enforced_limits) | set(sb.unenforced_limits) == every
             assert not set(sb.enforced_limits) & set(sb.unenforced_limits)
             assert sb.exec(["sh", "-c", "ulimit -n"]).stdout.strip() == "256"
             r = sb.exec(alloc)
@@ -296,7 +306,31 @@ def test_failed_start_leaves_nothing(tmp_path, roots):
 
 
 def test_missing_bwrap_says_how_to_fix(monkeypatch):
-    monkeypatch.setattr(bwrap_mod, "_probe_cache", {})
+    monkeypatch.setattr(bwrap_run, "_probe_cache", {})
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(SandboxError, match="apt-get install bubblewrap"):
         check_bwrap(True)
+
+
+def test_hidden_package_folders_are_masked_under_a_visible_prefix(ws, roots):
+    """As in a non-editable install: our packages sit in site-packages, under the visible prefix."""
+    prefix = Path(tempfile.mkdtemp(prefix="cg-prefix-"))
+    try:
+        prefix.chmod(0o755)
+        pkg = prefix / "site-packages" / "tasks" / "builtin" / "t1"
+        pkg.mkdir(parents=True)
+        (pkg / "expert.json").write_text('{"answer": 42}')
+        agent = prefix / "site-packages" / "tasks" / "agent.py"
+        agent.write_text("print('agent ok')")
+        for d in [prefix / "site-packages", *pkg.parents][:4]:
+            d.chmod(0o755)
+        spec_kw = dict(ro_paths=[Path("/usr"), Path("/bin"), Path("/lib"), Path("/lib64"), prefix, agent],
+                       hidden_paths=[prefix / "site-packages" / "tasks"])
+        with make(ws, roots, **spec_kw) as sb:
+            r = sb.exec(["sh", "-c", f"ls -A {prefix}/site-packages/tasks; find {prefix} -name expert.json"])
+            assert r.ok and "expert.json" not in r.stdout and "builtin" not in r.stdout, r
+            assert sb.exec(["sh", "-c", f"echo x > {prefix}/site-packages/tasks/x"]).returncode != 0
+            assert sb.exec(["cat", str(agent)]).stdout == "print('agent ok')"  # a file bound on top still shows
+            assert sb.exec(["ls", str(prefix / "site-packages")]).stdout.split() == ["tasks"]
+    finally:
+        shutil.rmtree(prefix, ignore_errors=True)

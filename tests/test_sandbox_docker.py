@@ -73,7 +73,7 @@ def workspace(tmp_path):
 
 
 def _sandbox(ws: Path, **kw):
-    opts = {k: kw.pop(k) for k in ("max_output_bytes", "tmp_root") if k in kw}
+    opts = {k: kw.pop(k) for k in ("max_output_bytes", "tmp_root", "runtime") if k in kw}
     return get_backend("docker")(SandboxSpec(workspace_host=ws, **kw), **opts)
 
 
@@ -101,9 +101,9 @@ def test_files_persist_between_execs(engine, workspace):
         sb.write_file("/root/.config/tool/conf.json", '{"a": 1}')
         assert sb.exec(["cat", "/root/.config/tool/conf.json"]).stdout == '{"a": 1}'
         assert sb.exec(["sh", "-c", "echo more >> /root/.config/tool/conf.json"]).ok  # the user owns it
-        assert (workspace / "made.txt").read_text() == "one\n"
         with pytest.raises(SandboxError):
             sb.write_file("/usr/clawgym-nope", "x")
+    assert (workspace / "made.txt").read_text() == "one\n"  # copied back by close()
 
 
 def test_host_files_outside_workspace_are_invisible(engine, workspace):
@@ -123,12 +123,14 @@ def test_host_files_outside_workspace_are_invisible(engine, workspace):
 
 
 def test_writes_outside_workspace_fail(engine, workspace):
-    targets = ["/usr/clawgym-x", "/etc/clawgym-x", "/clawgym-x", f"{PROJECT}/clawgym-x", "/opt/clawgym-x"]
+    targets = ["/usr/clawgym-x", "/etc/clawgym-x", "/clawgym-x", "/opt/clawgym-x"]
     with _sandbox(workspace) as sb:
         for path in targets:
             res = sb.exec(["sh", "-c", 'echo x > "$0"', path])
             assert res.returncode != 0 and "Read-only file system" in res.stderr, (path, res)
             assert not Path(path).exists(), path
+        res = sb.exec(["sh", "-c", 'echo x > "$0"', f"{PROJECT}/clawgym-x"])  # the project is not even there
+        assert res.returncode != 0 and not (PROJECT / "clawgym-x").exists()
 
 
 def test_no_network_to_host_tcp(engine, workspace):
@@ -207,19 +209,32 @@ def test_timeout_kills_the_whole_tree(engine, workspace):
 
 
 def test_runs_unprivileged(engine, workspace):
-    expected = "1000" if os.geteuid() == 0 else str(os.geteuid())
     with _sandbox(workspace) as sb:
+        expected = str(sb.uid)
+        assert sb.uid != 0 and (sb.uid >= 2_000_000_000 or os.geteuid() != 0)
         assert sb.exec(["id", "-u"]).stdout.strip() == expected
         assert sb.exec(["sh", "-c", "touch new.txt && stat -c %u new.txt"]).stdout.strip() == expected
     assert (workspace / "new.txt").stat().st_uid == os.geteuid()  # handed back on close
-    with _sandbox(workspace, unprivileged=False) as sb:
-        assert sb.exec(["id", "-u"]).stdout.strip() == "0"
+    with _sandbox(workspace, host_ids=(2_100_000_777, 2_100_000_778)) as sb:
+        assert sb.exec(["sh", "-c", "id -u; id -g"]).stdout.split() == ["2100000777", "2100000778"]
+    with pytest.raises(SandboxError, match="bwrap backend"):  # root inside a container is host root
+        with _sandbox(workspace, unprivileged=False):
+            pass
+    if os.geteuid() == 0:
+        import pwd
+
+        account = next(u.pw_uid for u in pwd.getpwall() if u.pw_uid != 0)
+        for ids in ((0, 0), (account, account)):  # host root, a real account of this host
+            with pytest.raises(SandboxError, match="host root or a user of this host"):
+                with _sandbox(workspace, host_ids=ids):
+                    pass
 
 
 def test_limits_are_enforced_and_reported(engine, workspace):
     limits = SandboxLimits(memory_mb=128, max_procs=32, cpu_s=5, open_files=256)
     with _sandbox(workspace, limits=limits) as sb:
-        assert set(sb.enforced_limits) | set(sb.unenforced_limits) == {"memory_mb", "max_procs", "cpu_s", "open_files"}
+        assert set(sb.enforced_limits) | set(sb.unenforced_limits) == {"memory_mb", "max_procs", "cpu_s", "open_files",
+                                                                      "disk_mb"}
         assert not set(sb.enforced_limits) & set(sb.unenforced_limits)
         assert sb.exec(["sh", "-c", "ulimit -n; ulimit -t"]).stdout.split() == ["256", "5"]
         if "memory_mb" in sb.enforced_limits:
@@ -249,7 +264,6 @@ def test_read_and_write_files_as_the_sandbox_sees_them(engine, workspace):
     with _sandbox(workspace) as sb:
         sb.write_file(f"{TARGET}/sub/dir/a.sh", "#!/bin/sh\necho ran $1\n", mode=0o755)
         assert sb.exec(["sub/dir/a.sh", "ok"]).stdout == "ran ok\n"
-        assert (workspace / "sub/dir/a.sh").stat().st_mode & 0o777 == 0o755
         # symlinks resolve as inside: /root is the private HOME, not the host's
         assert sb.exec(["sh", "-c", "echo inner > ~/s.txt; ln -s /root/s.txt link2; ln -s /etc/shadow link3"]).ok
         assert sb.read_file(f"{TARGET}/link2") == b"inner\n"
@@ -258,11 +272,13 @@ def test_read_and_write_files_as_the_sandbox_sees_them(engine, workspace):
                 sb.read_file(bad)
         assert sb.read_file("/etc/hostname").strip() == b"sandbox"
         with pytest.raises(SandboxError, match="read-only|Read-only"):
+            sb.write_file("/etc/clawgym-probe", "x")
+        with pytest.raises(SandboxError):
             sb.write_file(f"{PROJECT}/clawgym-probe", "x")
-    assert not (PROJECT / "clawgym-probe").exists()
-    with _sandbox(workspace, unprivileged=False) as sb:  # root inside: root-only files are masked
         if Path("/etc/shadow").exists():
             assert "root:" not in sb.exec(["cat", "/etc/shadow"]).stdout
+    assert not (PROJECT / "clawgym-probe").exists() and not Path("/etc/clawgym-probe").exists()
+    assert (workspace / "sub/dir/a.sh").stat().st_mode & 0o777 == 0o755
 
 
 def test_cleanup_removes_container_and_dirs(engine, workspace):
@@ -270,9 +286,11 @@ def test_cleanup_removes_container_and_dirs(engine, workspace):
 
     sb = _sandbox(workspace)
     with sb:
-        sb.exec(["sh", "-c", "echo x > /tmp/x; echo y > ~/y"])
+        sb.exec(["sh", "-c", "echo x > /tmp/x; echo y > ~/y; sleep 1000 &"])
         cid, state = sb.container_id, sb.root
-        assert cid and state is not None and (state / "home").is_dir()
+        assert cid and state is not None
+        if os.geteuid() == 0:  # HOME and the workspace are reachable only through the container
+            assert not state.exists()
     assert not state.exists() and sb.root is None
     client = docker.from_env()
     try:
@@ -315,9 +333,12 @@ def test_failed_start_leaves_nothing(engine, workspace, tmp_path):
 
 def test_project_python_works_inside(engine, workspace):
     with _sandbox(workspace) as sb:
-        res = sb.exec(["python3", "-c", "import clawgym_env, openai; print('imports ok')"], timeout=120)
+        res = sb.exec(["python3", "-c", "import openai; print('imports ok')"], timeout=120)
         assert res.ok, res.stderr[-2000:]
         assert res.stdout.strip() == "imports ok"
+        for ours in ("clawgym_env.episode", "tasks.base"):  # our own packages (answer keys) are never visible
+            res = sb.exec(["python3", "-c", f"import {ours}"], timeout=120)
+            assert res.returncode != 0 and "ModuleNotFoundError" in res.stderr, res
 
 
 def test_no_engine_gives_a_clear_error(monkeypatch, workspace):
@@ -337,3 +358,17 @@ def test_whole_episode_runs_through_docker(engine, tmp_path):
         rec = rt.run(task, get_adapter("mini")).record
     assert rec.status == "ok" and rec.reward == 1.0, (rec.task_id, rec.error, rec.logs)
     assert rec.num_calls >= 1
+
+
+def test_runtime_is_chosen_per_sandbox_and_an_unknown_one_is_a_clear_error(engine, workspace, monkeypatch):
+    """The OCI runtime is the plug for a stronger boundary (gVisor's ``runsc``): it reaches the engine."""
+    import docker
+
+    with _sandbox(workspace, runtime="runc") as sb:
+        assert sb.exec(["true"]).ok
+        info = docker.from_env().api.inspect_container(sb.container_id)
+        assert info["HostConfig"]["Runtime"] == "runc"
+    monkeypatch.setenv("CLAWGYM_DOCKER_RUNTIME", "clawgym-no-such-runtime")
+    with pytest.raises(SandboxError, match="clawgym-no-such-runtime"):
+        with _sandbox(workspace):
+            pass

@@ -50,7 +50,7 @@ from trainers.evaluation import eval_harnesses, evaluate_harnesses
 from trainers.logprobs import token_logprobs
 from trainers.metrics import MetricsLogger, plot_curves, rollout_metrics
 from trainers.policy import PolicyConfig, TrainablePolicy
-from trainers.rollouts import harness_plan, run_jobs
+from trainers.rollouts import harness_plan, judge_for, run_jobs
 from trainers.sync import InProcessSync
 from trainers.tree_batch import LOSS_NORMS, OVERLONG_MODES, TrainPack, group_summary, make_groups, pack_groups
 
@@ -335,7 +335,8 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> d
 
         bar = tqdm(total=args.steps, initial=start - 1, desc="grpo", unit="step")
     last: dict[str, Any] = {}
-    with Runtime(sync.serving, sandbox=args.sandbox, out_dir=out / "episodes") as rt:
+    with Runtime(sync.serving, sandbox=args.sandbox, out_dir=out / "episodes",
+                 judge=judge_for(tasks + eval_tasks)) as rt:
         for step in range(start, args.steps + 1):
             t0 = time.perf_counter()
             results, groups, refill = collect_groups(

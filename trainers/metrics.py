@@ -96,17 +96,22 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 def rollout_metrics(results: Iterable[Any], pass_threshold: float = 1.0, prefix: str = "") -> dict[str, Any]:
     """Reward mean, pass rate, episode and infra-failure counts, overall and per harness.
 
+    Only task outcomes count as episodes; the others (``infra_error``, ``reward_invalid``) are
+    ``infra_failures``, and per harness also ``<h>/not_scored/<status>/<boundary>``.
+
     ``results``: ``EpisodeResult`` s, ``EpisodeRecord`` s or ``(record, calls)`` pairs.
     """
     per: dict[str, list[float]] = defaultdict(list)
     infra: dict[str, int] = defaultdict(int)
+    where: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     tokens = 0
     for item in results:
         rec = item[0] if isinstance(item, tuple) else getattr(item, "record", item)
         calls = item[1] if isinstance(item, tuple) else getattr(item, "calls", [])
         tokens += sum(len(c.output_token_ids) for c in calls)
-        if rec.is_infra_failure:
+        if not _is_outcome(rec):
             infra[rec.harness] += 1
+            where[rec.harness][f"{rec.status}/{getattr(rec, 'failure_boundary', None) or '?'}"] += 1
             per.setdefault(rec.harness, [])
         else:
             per[rec.harness].append(float(rec.reward))
@@ -124,7 +129,15 @@ def rollout_metrics(results: Iterable[Any], pass_threshold: float = 1.0, prefix:
     out[f"{prefix}sampled_tokens"] = tokens
     for h in sorted(per):
         fill(f"{prefix}{h}/", per[h], infra[h])
+        for key, n in sorted(where[h].items()):  # e.g. mini/not_scored/infra_error/policy
+            out[f"{prefix}{h}/not_scored/{key}"] = n
     return out
+
+
+def _is_outcome(rec: Any) -> bool:
+    """The reward is the agent's own outcome (not infra_error, not reward_invalid)."""
+    outcome = getattr(rec, "is_task_outcome", None)
+    return bool(outcome) if outcome is not None else not rec.is_infra_failure
 
 
 def plot_curves(rows: list[dict[str, Any]] | str | Path, out: str | Path) -> Path | None:

@@ -6,8 +6,10 @@ a step's groups between harnesses by their configured ratios; :func:`evaluate` m
 
 Invariants: results come back in job order, ``group_size`` consecutive results per job; an episode
 that raises instead of returning a record (a programming or proxy error outside the episode
-runner's own handling) becomes an ``infra_error`` record with the error text, so one failed
-rollout never ends a training run; a harness whose pinned package is not installed is left out of
+runner's own handling) becomes an ``infra_error`` record naming its failure boundary
+(:func:`clawgym_env.runtime.failed_episode`), so one failed rollout never ends a training run; only
+task outcomes are trained or scored: records with ``is_infra_failure`` (``infra_error`` and
+``reward_invalid``) are excluded from :func:`evaluate`'s rates and counted; a harness whose pinned package is not installed is left out of
 the plan with a warning (``mini`` needs no install).
 """
 
@@ -16,12 +18,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 import importlib
 import logging
-import uuid
 from typing import Any, Sequence
 
-from clawgym_env.capture.records import EpisodeRecord
 from clawgym_env.errors import HarnessError
 from clawgym_env.episode import EpisodeResult
+from clawgym_env.runtime import failed_episode
 from harness_adapters.registry import HARNESSES, get_adapter
 from tasks.base import Task
 
@@ -70,17 +71,29 @@ def harness_plan(ratios: dict[str, float], groups: int) -> dict[str, int]:
 
 
 def _failed(task: Task, harness: str, policy: str, exc: BaseException) -> EpisodeResult:
-    rec = EpisodeRecord(episode_id=uuid.uuid4().hex[:16], task_id=task.id, suite=task.suite, harness=harness,
-                        policy=policy, status="infra_error", error=f"{type(exc).__name__}: {exc}")
-    return EpisodeResult(rec, [])
+    return failed_episode(task, harness, policy, exc)
+
+
+def judge_for(tasks: Sequence[Task]) -> Any:
+    """The environment-configured LLM judge when any of ``tasks`` is graded by one, built now so that a
+    missing configuration fails before the first rollout (naming the ``CLAWGYM_JUDGE_*`` variables)
+    instead of turning every judged episode into ``reward_invalid``; ``None`` when no task needs one."""
+    from clawgym_env.grading import needs_judge
+
+    if not any(needs_judge(t) for t in tasks):
+        return None
+    from tasks.graders import env_judge
+
+    return env_judge()
 
 
 def run_jobs(runtime, jobs: Sequence[tuple[Task, str]], *, group_size: int = 1, sampling: dict[str, Any] | None = None,
              policy_version: int | None = None, concurrency: int = 4, progress: Any = None,
-             adapters: dict[str, Any] | None = None) -> list[EpisodeResult]:
+             adapters: dict[str, Any] | None = None, judge: Any = None) -> list[EpisodeResult]:
     """Run ``group_size`` episodes of each ``(task, harness)`` job; results in job order.
 
     ``progress``: an optional callable ``progress(result)`` called as each episode finishes.
+    ``judge``: the LLM judge for tasks graded by one (None: the runtime's, else the environment's).
     """
     adapters = dict(adapters or {})
     for _, h in jobs:
@@ -89,9 +102,10 @@ def run_jobs(runtime, jobs: Sequence[tuple[Task, str]], *, group_size: int = 1, 
     flat = [(t, h) for t, h in jobs for _ in range(group_size)]
     out: list[EpisodeResult | None] = [None] * len(flat)
     policy_name = getattr(runtime.policy, "name", "policy")
+    extra = {"judge": judge} if judge is not None else {}
     with cf.ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         futs = {pool.submit(runtime.run, t, adapters[h], sampling=dict(sampling or {}),
-                            policy_version=policy_version): i for i, (t, h) in enumerate(flat)}
+                            policy_version=policy_version, **extra): i for i, (t, h) in enumerate(flat)}
         for fut in cf.as_completed(futs):
             i = futs[fut]
             try:
@@ -114,7 +128,7 @@ def evaluate(runtime, tasks: Sequence[Task], harness: str = "mini", *, samples: 
     """
     results = run_jobs(runtime, [(t, harness) for t in tasks], group_size=samples, sampling=sampling,
                        concurrency=concurrency, progress=progress)
-    scored = [r.record for r in results if not r.record.is_infra_failure]
+    scored = [r.record for r in results if r.record.is_task_outcome]
     passed = sum(r.reward >= pass_threshold for r in scored)
     return {"episodes": len(scored), "passed": passed, "pass_rate": passed / len(scored) if scored else None,
             "reward_mean": sum(r.reward for r in scored) / len(scored) if scored else None,

@@ -31,7 +31,7 @@ from trainers.checkpoint import save_checkpoint
 from trainers.logprobs import token_logprobs
 from trainers.metrics import MetricsLogger, plot_curves
 from trainers.policy import PolicyConfig, TrainablePolicy
-from trainers.rollouts import run_jobs
+from trainers.rollouts import judge_for, run_jobs
 from trainers.tree_batch import EpisodePair, TrainPack, as_episode, build_pack, episodes_tree
 
 
@@ -87,7 +87,8 @@ def collect_expert(args: Args, tasks: list | None = None) -> tuple[list[EpisodeP
     from tasks import load_suite
 
     tasks = tasks if tasks is not None else list(load_suite(args.suite).tasks)
-    with Runtime(args.expert, sandbox=args.sandbox, out_dir=Path(args.out_dir) / "expert_episodes") as rt:
+    with Runtime(args.expert, sandbox=args.sandbox, out_dir=Path(args.out_dir) / "expert_episodes",
+                 judge=judge_for(tasks)) as rt:
         results = run_jobs(rt, [(t, args.harness) for t in tasks], group_size=args.episodes_per_task,
                            concurrency=args.concurrency)
     eps = [as_episode(r) for r in results]

@@ -43,7 +43,7 @@ from clawgym_env.capture.records import CallRecord, EpisodeRecord
 from clawgym_env.capture.tree import CallTree
 from clawgym_env.errors import PolicyError
 from trainers.advantages import episode_own_tokens, group_advantages, is_constant, node_episodes
-from trainers.packing import PackedTree, inexact_nodes, inexact_token_mask, pack_trees, tree_tokens
+from trainers.packing import PackedTree, inexact_token_mask, pack_trees, tree_tokens
 
 EpisodePair = tuple[EpisodeRecord, list[CallRecord]]
 

@@ -17,6 +17,9 @@ Invariants:
   * an upstream failure (after the SDK's own retries) raises :class:`PolicyError` (the proxy answers
     502) and is remembered per episode: :meth:`PassthroughPolicy.pop_failures` lets the eval runner
     report an episode the upstream ended as an infrastructure failure rather than a 0;
+  * the API key (given or resolved by the SDK) is registered with :func:`clawgym_env.redact.register_secret`
+    when the policy is built, and failure messages are redacted: an upstream that echoes the key in an
+    error puts it neither into the agent's view (the proxy's error body) nor into any record;
   * thread safe: one SDK client (thread safe by design), failures kept under a lock;
   * sampling: OpenAI gets max_tokens (as ``max_completion_tokens``), temperature, top_p, stop (first
     4) and seed; Anthropic gets max_tokens and stop sequences only (its Messages API, as of the
@@ -30,6 +33,7 @@ import threading
 from typing import Any
 
 from clawgym_env.errors import PolicyError
+from clawgym_env.redact import redact, register_secret
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
 from clawgym_env.policy.chat_format import assistant_text
 
@@ -127,8 +131,10 @@ class PassthroughPolicy(PolicyBackend):
         self._tokenizer = tokenizer
         self._failures: dict[str, list[str]] = {}
         self._lock = threading.Lock()
+        register_secret(api_key)  # an upstream that echoes the key must not put it into views or records
         if client is not None:
             self._client = client
+            register_secret(getattr(client, "api_key", None))
             return
         try:
             if provider == "openai":
@@ -144,7 +150,8 @@ class PassthroughPolicy(PolicyBackend):
         except ImportError as exc:
             raise PolicyError(f"the {provider} SDK is not installed: pip install {provider}") from exc
         except Exception as exc:  # noqa: BLE001 - the SDKs raise their own errors for a missing key
-            raise PolicyError(f"cannot build the {provider} client for {self.name}: {exc}") from exc
+            raise PolicyError(redact(f"cannot build the {provider} client for {self.name}: {exc}")) from exc
+        register_secret(getattr(self._client, "api_key", None))  # the key the SDK resolved from its env
 
     @property
     def tokenizer(self):
@@ -167,7 +174,7 @@ class PassthroughPolicy(PolicyBackend):
             self._remember(ctx.episode_id, str(exc))
             raise
         except Exception as exc:  # noqa: BLE001 - SDK errors (HTTP, connection, timeout) are policy failures
-            msg = f"upstream {self.provider} model {self.model!r} failed: {type(exc).__name__}: {exc}"
+            msg = redact(f"upstream {self.provider} model {self.model!r} failed: {type(exc).__name__}: {exc}")
             self._remember(ctx.episode_id, msg)
             raise PolicyError(msg) from exc
         text = assistant_text(content, reasoning=reasoning, tool_calls=calls)
@@ -176,7 +183,7 @@ class PassthroughPolicy(PolicyBackend):
 
     def _remember(self, episode_id: str, message: str) -> None:
         with self._lock:
-            self._failures.setdefault(episode_id, []).append(message[:500])
+            self._failures.setdefault(episode_id, []).append(redact(message)[:500])
 
     def _openai(self, ctx: GenerationContext, params: SamplingParams):
         kwargs: dict[str, Any] = {"model": self.model, "messages": openai_messages(ctx.messages),

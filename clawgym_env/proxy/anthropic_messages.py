@@ -21,6 +21,9 @@ The request is mapped onto the pipeline's OpenAI-chat shape, then rendered by th
     ``top_k`` are accepted, not enforced. ``cache_control``, ``citations``, ``metadata``,
     ``output_config``, ``context_management`` and unknown fields are ignored. A trailing assistant
     message (prefill) is rendered as a finished turn; the answer does not continue it.
+  * ``thread`` (the message-threads beta: the server holds the conversation and the client sends only
+    the new turn) is refused with a 400 naming the field: this proxy is stateless, and serving the
+    partial ``messages`` would be a 200 over a truncated prompt.
 
 Response: a ``thinking`` block (if the model reasoned; signature = a hash of its text), one
 ``text`` block (present unless the turn is only tool calls), ``tool_use`` blocks (``toolu_`` ids).
@@ -242,6 +245,10 @@ def _thinking(body: dict) -> bool | None:
 def _conversation(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool | None]:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object", None)
+    if body.get("thread") is not None:
+        raise bad("'thread' (server-held message threads: create/continue) is not supported: this proxy keeps no "
+                  "conversation state and would otherwise answer over a truncated prompt; send the whole "
+                  "conversation in 'messages' without 'thread'", "thread")
     refs: set[str] = set()
     messages = _messages(body, refs)
     offered = _offered(body, _tools(body, refs))

@@ -10,7 +10,9 @@ The request is mapped onto the pipeline's OpenAI-chat shape, then rendered by th
   * ``function_call_output`` → a ``tool`` message (``tool_call_id`` = ``call_id``).
   * ``reasoning`` items → ``reasoning_content`` of the next assistant message (from our own
     ``encrypted_content`` if present, else ``content`` reasoning texts, else ``summary`` texts);
-    reasoning not followed by assistant output is dropped. Other item types are rejected (400).
+    reasoning not followed by assistant output is dropped. Other item types are rejected (400), among
+    them ``compaction_trigger`` and ``compaction`` (server-side compaction needs server state), with a
+    message that names the item and says how to avoid it.
   * tools: only ``type: "function"`` tools reach the template; hosted/namespace/custom tools (e.g.
     ``web_search``) are skipped. ``tool_choice: "none"`` hides the tools; other choices offer them
     unchanged. ``reasoning.effort`` none|minimal → ``enable_thinking=False``, low..xhigh → True, absent →
@@ -131,6 +133,10 @@ def _messages(body: dict) -> list[dict[str, Any]]:
             if "output" not in item:
                 raise bad(f"'{f}.output' is required", f"{f}.output")
             msg = {"role": "tool", "tool_call_id": call_id, "content": _parts_text(item["output"], f"{f}.output")}
+        elif kind in ("compaction_trigger", "compaction"):
+            raise bad(f"'{f}.type' {kind!r} (server-side compaction) is not supported: this proxy keeps no "
+                      "state and cannot produce or read an encrypted compaction item; configure the harness to "
+                      "compact on its own side and send the conversation as message/function_call items", f"{f}.type")
         else:
             raise bad(f"'{f}.type' must be message, function_call, function_call_output or reasoning; got "
                       f"{kind!r}", f"{f}.type")

@@ -2,7 +2,8 @@
 
 Invariants:
   * A token is ``secrets.token_urlsafe(24)``; it is the only key to an episode. Once closed, a token
-    is unknown forever (tokens are never reused) and its episode accepts no more records.
+    is unknown forever (tokens are never reused) and its episode accepts no more records. While open
+    it is a registered secret (:mod:`clawgym_env.redact`), so it never reaches a record or a log.
   * ``EpisodeSession.calls`` is append-only, in completion order, ``calls[i].call_index == i``;
     appends happen under the session's lock, so concurrent calls of one episode are safe.
   * :func:`run_turn` records exactly the ids the policy was given and the (possibly cut) ids it
@@ -10,23 +11,32 @@ Invariants:
     the client receives. Cutting (max_tokens, stop strings) only ever removes a suffix.
   * The dialect module never touches the policy or the records: it parses a request into a
     :class:`TurnRequest` and renders a :class:`TurnResult`.
+  * Every non-2xx answer the proxy gives for an episode is kept, redacted, in ``session.failures``
+    (a :class:`CallFailure` naming the boundary at fault); it stays readable after the close.
+  * With ``calls_path`` a session appends each record as one flushed JSON line (file 0600) and keeps
+    in memory only what splicing needs (output ids, response turn, generation tail), so memory does
+    not grow with prompts; ``close()`` reads the records back from that file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import threading
 import time
 import uuid
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
-from clawgym_env.capture.records import CallRecord
+from clawgym_env.capture.records import CallRecord, dump_record, read_calls
 from clawgym_env.errors import PolicyError, ProxyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
 from clawgym_env.policy.chat_format import normalize_messages
+from clawgym_env.proxy.limits import CHARS_PER_TOKEN_BOUND, check_prompt_size
 from clawgym_env.proxy.splice import splice_prompt
 from clawgym_env.proxy.streaming import Segmentation, segment, stop_cut, token_bytes, token_pieces
+from clawgym_env.redact import forget_secret, redact, register_secret
 
 SAMPLING_OVERRIDE_KEYS = ("temperature", "top_p", "max_tokens", "stop", "seed")
 _SECRET_HEADERS = {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie", "set-cookie"}
@@ -45,11 +55,50 @@ def redact_headers(headers: Any) -> dict[str, str]:
     return out
 
 
+Boundary = Literal["client", "policy", "proxy"]
+_POLICY_CODES = {"context_length_exceeded", "prompt_too_long", "policy_error", "queue_timeout"}
+
+
+@dataclasses.dataclass
+class CallFailure:
+    """One non-2xx answer the proxy gave for an episode.
+
+    ``boundary``: ``"client"`` — the harness sent a bad request (the agent's side); ``"policy"`` — the
+    policy/backend failed, the context overflowed or a queue timed out; ``"proxy"`` — the proxy was
+    shutting down or hit an internal error. ``message`` is redacted (no secrets).
+    """
+
+    status: int
+    code: str
+    message: str
+    boundary: Boundary
+    at: float
+
+
+def failure_boundary(status: int, code: str | None) -> Boundary:
+    """Which side a non-2xx answer blames (see :class:`CallFailure`)."""
+    if code in _POLICY_CODES or status in (502, 504):
+        return "policy"
+    if status >= 500:
+        return "proxy"
+    return "client"
+
+
+@dataclasses.dataclass
+class _SpliceStub:
+    """What :func:`splice_prompt` reads of an earlier call, kept when records stream to disk."""
+
+    prompt_token_ids: list[int]  # the generation-prompt opener and tail only
+    output_token_ids: list[int]
+    response_message: dict[str, Any]
+
+
 class EpisodeSession:
     """One episode's view of the proxy: its token, its overrides and its recorded calls."""
 
     def __init__(self, episode_id: str, *, task: Any = None, harness: str | None = None,
-                 sampling: dict[str, Any] | None = None, policy_version: int | None = None) -> None:
+                 sampling: dict[str, Any] | None = None, policy_version: int | None = None,
+                 calls_path: str | Path | None = None) -> None:
         unknown = sorted(set(sampling or {}) - set(SAMPLING_OVERRIDE_KEYS))
         if unknown:
             raise ProxyError(f"unknown sampling override(s) {unknown}; allowed: {list(SAMPLING_OVERRIDE_KEYS)}",
@@ -66,10 +115,29 @@ class EpisodeSession:
         self.harness = harness
         self.sampling_overrides: dict[str, Any] = dict(sampling or {})
         self.policy_version = policy_version
-        self.calls: list[CallRecord] = []
+        self.calls: list[CallRecord] = []  # stays empty with calls_path (records are on disk)
+        self.failures: list[CallFailure] = []
         self.closed = False
         self.created_at = time.time()
+        self.socket_path: Path | None = None  # this episode's own unix socket (set by the server)
+        self.calls_path = Path(calls_path) if calls_path is not None else None
+        self._count = 0
+        self._stubs: list[_SpliceStub] = []
+        self._fh = None
         self._lock = threading.Lock()
+
+    def start_capture(self) -> None:
+        """Create (truncate) ``calls_path``, mode 0600, for the records to stream to (no-op without it)."""
+        if self.calls_path is None:
+            return
+        try:
+            self.calls_path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.calls_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise ProxyError(f"cannot write the calls file {self.calls_path}: {exc.strerror}; pass a writable "
+                             "calls_path", status=503, field="calls_path") from exc
+        os.fchmod(fd, 0o600)  # also when the file existed with wider modes
+        self._fh = os.fdopen(fd, "w", encoding="utf-8")
 
     def base_url(self, host_url: str) -> str:
         """The OpenAI-style base URL a harness should use, e.g. ``http://127.0.0.1:PORT/ep/<tok>/v1``."""
@@ -80,19 +148,54 @@ class EpisodeSession:
         with self._lock:
             if self.closed:
                 return False
-            record.call_index = len(self.calls)
-            self.calls.append(record)
+            record.call_index = self._count
+            if self._fh is None:
+                self.calls.append(record)
+            else:
+                self._fh.write(dump_record(record) + "\n")  # redacted; never raises on odd values
+                self._fh.flush()
+                self._stubs.append(_stub(record))
+            self._count += 1
             return True
 
-    def snapshot(self) -> list[CallRecord]:
-        """The calls recorded so far (a copy, safe to read while other calls append)."""
+    def fail(self, status: int, code: str | None, message: str) -> CallFailure:
+        """Keep a non-2xx answer (redacted) in ``failures``; allowed after the close too."""
+        failure = CallFailure(status=status, code=code or "error", message=redact(message),
+                              boundary=failure_boundary(status, code), at=time.time())
         with self._lock:
-            return list(self.calls)
+            self.failures.append(failure)
+        return failure
+
+    @property
+    def num_calls(self) -> int:
+        with self._lock:
+            return self._count
+
+    def snapshot(self) -> list[Any]:
+        """The calls recorded so far as splicing needs them (a copy, safe while others append):
+        the records themselves, or light stubs when the records stream to ``calls_path``."""
+        with self._lock:
+            return list(self.calls) if self._fh is None else list(self._stubs)
 
     def close(self) -> list[CallRecord]:
+        """Close (idempotent) and return every recorded call in order."""
         with self._lock:
             self.closed = True
-            return list(self.calls)
+            if self._fh is None:
+                return list(self.calls) if self.calls_path is None else read_calls(self.calls_path)
+            self._fh.close()
+            self._fh = None
+            self._stubs = []
+        return read_calls(self.calls_path)
+
+
+_STUB_PROMPT_TAIL = 256  # the generation prompt's opener and tail are a handful of ids at the very end
+
+
+def _stub(record: CallRecord) -> _SpliceStub:
+    prompt = record.prompt_token_ids
+    return _SpliceStub(prompt_token_ids=list(prompt[-_STUB_PROMPT_TAIL:]), output_token_ids=list(record.output_token_ids),
+                       response_message=record.response_message)
 
 
 class SessionRegistry:
@@ -103,12 +206,20 @@ class SessionRegistry:
         self._lock = threading.Lock()
 
     def open(self, episode_id: str | None = None, **kwargs: Any) -> EpisodeSession:
+        """Register a new session (``kwargs`` go to :class:`EpisodeSession`)."""
         session = EpisodeSession(episode_id or "ep-" + uuid.uuid4().hex[:12], **kwargs)
         with self._lock:
             if any(s.episode_id == session.episode_id for s in self._by_token.values()):
                 raise ProxyError(f"episode {session.episode_id!r} is already open; close it first or pick "
                                  "another id", field="episode_id", code="duplicate_episode")
             self._by_token[session.token] = session
+        try:
+            session.start_capture()  # only now: a duplicate id must not truncate a live episode's file
+        except BaseException:
+            with self._lock:
+                self._by_token.pop(session.token, None)
+            raise
+        register_secret(session.token)  # a bearer token: redacted from records, logs and error bodies
         return session
 
     def get(self, token: str) -> EpisodeSession | None:
@@ -120,6 +231,7 @@ class SessionRegistry:
             session = self._by_token.pop(token, None)
         if session is None:
             raise ProxyError("unknown or already closed episode token", status=404, code="episode_not_found")
+        forget_secret(token)  # unknown forever now, and the registry of secrets stays small
         return session.close()
 
     def __len__(self) -> int:
@@ -182,6 +294,11 @@ class TurnResult:
 class Limits:
     max_context: int = 32768
     default_max_tokens: int = 4096
+    max_prompt_chars: int = 0  # 0: CHARS_PER_TOKEN_BOUND characters per token of max_context
+
+    def __post_init__(self) -> None:
+        if self.max_prompt_chars <= 0:
+            self.max_prompt_chars = self.max_context * CHARS_PER_TOKEN_BOUND
 
 
 def resolve_sampling(req: TurnRequest, overrides: dict[str, Any], prompt_len: int, limits: Limits) -> SamplingParams:
@@ -207,6 +324,7 @@ def run_turn(session: EpisodeSession, policy: PolicyBackend, req: TurnRequest, m
     """Render → generate → cut → parse → record. Blocking: call it from a worker thread."""
     t0 = time.perf_counter()
     tokenizer = policy.tokenizer
+    check_prompt_size(req.messages, req.tools, limits.max_prompt_chars, limits.max_context)
     messages = normalize_messages(req.messages)
     try:
         prompt_ids, token_exact, exact_reason = splice_prompt(tokenizer, messages, req.tools or None,

@@ -12,6 +12,10 @@ Invariants:
     ``RLIMIT_DATA`` per process (not ``RLIMIT_AS``, which breaks V8's large reservations) and the
     process count is left unenforced (``RLIMIT_NPROC`` counts every process of the host uid and is
     ignored for root);
+  * ``cpus`` is the cgroup's CFS quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``) per 100 ms period,
+    else unenforced;
+  * the prefix runs as this process's uid (root: before the drop to the sandbox uid that the caller
+    appends), so the cgroup's files need no delegation to the sandbox uid;
   * ``cpu_s`` is ``RLIMIT_CPU`` per process, ``open_files`` is ``RLIMIT_NOFILE``;
   * every limit ends up in exactly one of the two returned dicts: enforced (how) or unenforced (why);
   * :meth:`Cgroup.destroy` kills whatever is left in the cgroups it created and removes them;
@@ -65,12 +69,15 @@ class Cgroup:
             want["memory"] = ("memory_mb", limits.memory_mb * 1024 * 1024)
         if limits.max_procs is not None:
             want["pids"] = ("max_procs", limits.max_procs)
+        if limits.cpus is not None:  # CFS bandwidth: quota per 100 ms period
+            want["cpu"] = ("cpus", max(1000, int(limits.cpus * 100_000)))
         if not want:
             return {}
         own_v1, own_v2 = _own_cgroups()
         files = {"memory": {"cgroup2": ["memory.max", "memory.swap.max:0"],
                             "cgroup": ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]},
-                 "pids": {"cgroup2": ["pids.max"], "cgroup": ["pids.max"]}}
+                 "pids": {"cgroup2": ["pids.max"], "cgroup": ["pids.max"]},
+                 "cpu": {"cgroup2": ["cpu.max"], "cgroup": ["cpu.cfs_quota_us"]}}
         done: dict[str, str] = {}
         made: dict[Path, Path] = {}  # hierarchy base -> the folder created under it
         for ctrl, (limit_name, value) in want.items():
@@ -86,14 +93,15 @@ class Cgroup:
                     made[base].mkdir()
                     self.dirs.append(made[base])
                 main, *extra = files[ctrl][kind]
-                (made[base] / main).write_text(str(value))
+                text = f"{value} 100000" if main == "cpu.max" else str(value)
+                (made[base] / main).write_text(text)
                 for f in extra:  # best effort: swap accounting may be absent
                     fname, _, fixed = f.partition(":")
                     try:
                         (made[base] / fname).write_text(fixed or str(value))
                     except OSError:
                         pass
-                done[limit_name] = f"{'cgroup v2' if kind == 'cgroup2' else 'cgroup v1'} {main}={value}"
+                done[limit_name] = f"{'cgroup v2' if kind == 'cgroup2' else 'cgroup v1'} {main}={text}"
             except OSError:
                 continue
         return done
@@ -181,6 +189,8 @@ def plan_limits(limits: SandboxLimits, cgroup: Cgroup | None, name: str) -> tupl
     if limits.max_procs is not None and "max_procs" not in enforced:
         unenforced["max_procs"] = ("no writable pids cgroup; RLIMIT_NPROC is not used: it counts every "
                                    "process of the host uid and does not apply to root")
+    if limits.cpus is not None and "cpus" not in enforced:
+        unenforced["cpus"] = "no writable cpu cgroup (cgroup v2 cpu.max or v1 cpu.cfs_quota_us)"
     if limits.cpu_s is not None:
         steps.append(f"ulimit -t {int(limits.cpu_s)} || exit 125")
         enforced["cpu_s"] = f"RLIMIT_CPU={int(limits.cpu_s)}s per process"

@@ -5,10 +5,14 @@ manager; ``__enter__`` starts it inside ``try`` and cleans up whatever was creat
 fails; ``close()`` is idempotent.
 
 Inside every sandbox:
-  * ``spec.workspace_target`` (an absolute path such as ``/root/.openclaw/workspace``) is the host
-    folder ``spec.workspace_host``, writable, and the only host folder that is;
+  * ``spec.workspace_target`` (an absolute path such as ``/root/.openclaw/workspace``) holds the
+    files of the host folder ``spec.workspace_host``, writable; it is the only writable place that
+    outlives the sandbox (a backend may work on a private copy and hand it back, sanitized, at close);
   * ``HOME`` (``spec.home``) and ``/tmp`` are private and writable and vanish with the sandbox;
-  * the host toolchain (``spec.ro_paths``) is visible read-only at the same paths;
+  * the host toolchain (``spec.ro_paths``) is visible read-only at the same paths, except
+    ``spec.hidden_paths`` (our own packages: task data and verifiers) and the run's folders;
+  * sandboxed code never acts as host root: it runs as ``spec.host_ids`` (or
+    :func:`sandbox_host_ids`), and a file it marks setuid/setgid never keeps that bit on the host;
   * there is no network at all, except that when ``spec.proxy_socket`` is set, a TCP listener on
     ``127.0.0.1:spec.proxy_port`` relays every connection to that host unix socket (the proxy).
 """
@@ -17,6 +21,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
+import importlib.util
 import itertools
 import os
 import sys
@@ -48,6 +54,9 @@ class SandboxSpec:
     workspace_target: str = "/root/.openclaw/workspace"
     home: str = "/root"
     ro_paths: list[Path] = dataclasses.field(default_factory=lambda: host_toolchain_paths())
+    hidden_paths: list[Path] = dataclasses.field(default_factory=lambda: own_package_paths())
+    """Host paths never visible inside, even under a ``ro_paths`` folder (masked with an empty
+    read-only folder). Backends also hide the workspace's parent (episode) and grandparent (runs) folders."""
     extra_binds: list[tuple[Path, str, bool]] = dataclasses.field(default_factory=list)
     """(host path, path inside, writable) extra bind mounts."""
     proxy_socket: Path | None = None
@@ -109,6 +118,11 @@ class Sandbox(abc.ABC):
         """Peak memory used inside the sandbox so far, where the backend can measure it."""
         return None
 
+    def full_disks(self) -> list[str]:
+        """The writable places (``workspace``, ``home``, ``tmp``...) whose ``disk_mb`` quota is used up;
+        call before ``close``. Backends that cannot tell return ``[]``."""
+        return []
+
     @abc.abstractmethod
     def close(self) -> None:
         """Destroy the sandbox and everything it created. Idempotent."""
@@ -136,14 +150,36 @@ def sandbox_host_ids() -> tuple[int, int]:
     return base + slot, base + slot
 
 
+OWN_PACKAGES = ("tasks", "trainers", "leaderboards", "clawgym_env", "harness_adapters")
+"""Our own top-level packages: their folders hold task data, expert solutions and verifiers."""
+
+
 def host_toolchain_paths() -> list[Path]:
-    """Host paths a harness needs read-only: system dirs, this Python, and this project's source."""
+    """Host paths a harness needs read-only: system dirs and this Python (never this project's tree:
+    it holds the tasks' answers; a harness adds its own install with ``ro_paths()``)."""
     paths = {Path(p) for p in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc", "/opt")}
     paths.add(Path(sys.base_prefix).resolve())
     paths.add(Path(sys.prefix).resolve())
-    import clawgym_env  # the project's own source (editable installs live outside site-packages)
-
-    paths.add(Path(clawgym_env.__file__).resolve().parent.parent)
     extra = os.environ.get("CLAWGYM_SANDBOX_RO_PATHS", "")
     paths.update(Path(p) for p in extra.split(os.pathsep) if p)
     return sorted(p for p in paths if p.exists())
+
+
+def own_package_paths() -> list[Path]:
+    """The folders of :data:`OWN_PACKAGES` as installed (found by name, none of them imported), e.g.
+    under ``site-packages`` of a non-editable install, which the interpreter's prefix makes visible.
+    Looked up once per process."""
+    return list(_own_package_paths())
+
+
+@functools.lru_cache(maxsize=1)
+def _own_package_paths() -> tuple[Path, ...]:
+    found: list[Path] = []
+    for name in OWN_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None:
+            found += [Path(p).resolve() for p in (spec.submodule_search_locations or [])]
+    return tuple(found)

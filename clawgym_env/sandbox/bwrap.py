@@ -1,39 +1,59 @@
 """Bubblewrap (``bwrap``) namespace sandbox.
 
 Each :meth:`BwrapSandbox.exec` is one ``bwrap`` invocation with the same mounts, so the sandbox is
-stateless apart from three host folders: the workspace (``spec.workspace_host``) and a private HOME
-and ``/tmp``, which the sandbox object owns (created by ``__enter__``, deleted by ``close``).
+stateless apart from three writable places: the workspace, a private HOME and ``/tmp``, which the
+sandbox object owns (created by ``__enter__``, removed by ``close``).
 
-Invariants:
-  * every exec runs with ``--unshare-all`` (user, pid, net, ipc, uts, cgroup namespaces),
-    ``--die-with-parent``, ``--new-session``, ``--cap-drop ALL``, a read-only root, a fresh
-    ``/proc`` and a minimal ``/dev``; the only network is loopback, plus the relay to
-    ``spec.proxy_socket`` when that is set (the relay listens before the command starts);
+What it promises (the security boundary):
+  * **no host root**: every exec runs in a new user namespace; when this process is root, ``bwrap``
+    itself is started as the sandbox's own unprivileged host ids (``spec.host_ids``, else
+    :func:`sandbox_host_ids`: a fresh id for every sandbox, no supplementary groups), so uid 1000
+    inside (or root inside, ``unprivileged=False``) is that host uid: host files are reached with
+    "other" permissions only, host processes cannot be signalled, ``/proc/sys``, ``/proc/irq``,
+    ``/proc/bus`` and ``/proc/sysrq-trigger`` are mounted read-only on top of that;
+  * **no setuid planting**: as root, the workspace, HOME and ``/tmp`` are ``nosuid,nodev`` tmpfs
+    mounts under a folder that only the sandbox uid can enter (``0700``, never reachable by other
+    host users or other sandboxes); the workspace's files are copied in at start and copied back
+    to ``spec.workspace_host`` by ``close`` with the workspace folder's owner, no setuid/setgid/sticky
+    bit, symlinks as links, holes kept, hard links kept, special files dropped; a killed driver
+    leaves the host workspace as it was given, and its mounts are removed by its reaper process;
+    as a non-root user, ``close`` clears setuid/setgid bits under the workspace;
+  * **no answer keys**: only ``spec.ro_paths`` (system folders, the interpreter, the harness's own
+    install) are visible, read-only; ``spec.hidden_paths`` (our own packages' folders: tasks,
+    verifiers, trainers) and the workspace's episode and run folders are masked with empty
+    read-only folders wherever they fall under a visible path;
+  * **limits** (see :mod:`clawgym_env.sandbox._hostside`): memory, processes and CPU share by cgroup,
+    rlimits, and ``disk_mb`` per writable place (workspace, HOME, ``/tmp``: size-limited tmpfs when
+    root; ``/dev/shm``: a size-limited tmpfs always), a write past it fails with ENOSPC inside and
+    :meth:`BwrapSandbox.full_disks` names the places that filled up; ``enforced_limits`` says how
+    each limit is enforced, ``unenforced_limits`` why one is not.
+Not promised: protection against kernel exploits (use a VM or gVisor backend for that).
+
+Other invariants:
+  * every exec runs with ``--unshare-all``, ``--die-with-parent``, ``--new-session``,
+    ``--cap-drop ALL``, a read-only root, a fresh ``/proc`` and a minimal ``/dev``; the only network
+    is loopback, plus the relay to ``spec.proxy_socket`` when that is set: the socket is bound
+    read-only (no ``chmod``, ``rm`` or replacement from inside; ``connect`` still works) and must be
+    connectable by the sandbox uid (e.g. mode 0666 inside a 0700 folder, as the proxy makes it);
   * the environment inside is built from scratch (never the host's), see :meth:`BwrapSandbox.env`;
   * bind mounts are applied parents first (sorted by depth), so toolchain paths and the workspace
-    may lie under the private HOME;
+    may lie under the private HOME; a source the sandbox uid cannot look up on the host (e.g. under
+    ``/root``) is first bound read-only into the sandbox's private folder;
   * an exec that times out has its whole process tree killed (process group of ``bwrap``; the pid
     namespace takes every process inside with it) and returns ``ExecResult(timed_out=True)``;
   * captured stdout/stderr keep at most ``max_output_bytes`` each (the tail);
-  * ``read_file``/``write_file`` resolve paths (symlinks included) as the sandbox sees them and
-    only ever touch host files under the folders mounted there; writes go to writable mounts only;
-  * ``enforced_limits`` says how each limit is enforced, ``unenforced_limits`` why one is not;
-  * the sandbox uid maps to the host uid running this process, so files under ``/etc`` and ``/opt``
-    that other users may not read (``/etc/shadow``, ``/etc/ssl/private``...) are masked with empty ones.
+  * ``read_file``/``write_file``: see :mod:`clawgym_env.sandbox._bwrap_files`;
+  * when the sandbox maps to this process's own uid (not root), files under ``/etc`` and ``/opt``
+    that other users may not read (``/etc/shadow``...) are masked with empty ones.
 """
 
 from __future__ import annotations
 
-import collections
 import os
 import posixpath
-import selectors
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 import weakref
@@ -41,75 +61,40 @@ from pathlib import Path, PurePosixPath
 from typing import Mapping, Sequence
 
 from clawgym_env.errors import SandboxError
+from clawgym_env.sandbox import _hostfs
+from clawgym_env.sandbox._bwrap_files import MountTableFiles
+from clawgym_env.sandbox._bwrap_run import _FIX, check_bwrap, killpg, pump, setpriv_prefix, user_args
 from clawgym_env.sandbox._hostside import SCAN_FOR_SECRETS, Cgroup, plan_limits, unreadable_entries
-from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxSpec
+from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxSpec, sandbox_host_ids
 
 RUN_DIR = "/run/clawgym"
 PROXY_SOCK = f"{RUN_DIR}/proxy.sock"
 RELAY_PY = f"{RUN_DIR}/relay.py"
+READ_ONLY_PROC = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
+_PREFIX = "clawgym-bwrap-"
 _RELAY_HOST = Path(__file__).with_name("relay.py")
-_FIX = ("install bubblewrap (`apt-get install bubblewrap`) and allow unprivileged user namespaces "
-        "(`sysctl -w kernel.unprivileged_userns_clone=1 user.max_user_namespaces=15000`, and "
-        "`kernel.apparmor_restrict_unprivileged_userns=0` on Ubuntu >= 23.10; inside Docker run with "
-        "`--security-opt seccomp=unconfined --security-opt apparmor=unconfined`), or use the docker backend")
-_probe_lock = threading.Lock()
-_probe_cache: dict[bool, tuple[bool, str]] = {}
-
-
-def check_bwrap(unprivileged: bool = True) -> str:
-    """Return the path of a working ``bwrap``, or raise :class:`SandboxError` with the fix.
-
-    The check runs a trivial sandbox (``bwrap ... true``) once per process and mode; the answer is cached.
-    """
-    with _probe_lock:
-        if unprivileged not in _probe_cache:
-            _probe_cache[unprivileged] = _probe(unprivileged)
-        ok, detail = _probe_cache[unprivileged]
-    if not ok:
-        raise SandboxError(f"bubblewrap sandbox unavailable: {detail}; fix: {_FIX}")
-    return detail
-
-
-def _probe(unprivileged: bool) -> tuple[bool, str]:
-    exe = shutil.which("bwrap")
-    if exe is None:
-        return False, "`bwrap` not found on PATH"
-    argv = [exe, "--unshare-all", *_user_args(unprivileged), "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
-    try:
-        res = subprocess.run(argv, capture_output=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return False, f"`bwrap ... true` failed: {e}"
-    if res.returncode != 0:
-        return False, f"`bwrap ... true` exited {res.returncode}: {res.stderr.decode(errors='replace').strip()}"
-    return True, exe
-
-
-def _user_args(unprivileged: bool) -> list[str]:
-    if unprivileged:
-        return ["--unshare-user", "--uid", "1000", "--gid", "1000"]
-    if os.getuid() != 0:  # a non-root host user can only be root inside through a user namespace
-        return ["--unshare-user", "--uid", "0", "--gid", "0"]
-    return []
+_swept: set[str] = set()
 
 
 def _release(root: list[Path], cgroup: Cgroup) -> None:
     """Last-resort and normal cleanup; referenced by a finalizer, so it must not reference the sandbox."""
     cgroup.destroy()
     for d in root:
-        shutil.rmtree(d, ignore_errors=True)
+        if os.getuid() == 0:
+            _hostfs.unmount_tree(d)
+        _hostfs.discard(d)
     root.clear()
 
 
-class BwrapSandbox(Sandbox):
+class BwrapSandbox(MountTableFiles, Sandbox):
     """A sandbox made of ``bwrap`` invocations. Use as ``with BwrapSandbox(spec) as sb: ...``.
 
     Args:
         spec: what to mount and which limits to apply.
         max_output_bytes: how much of each of stdout/stderr an exec keeps (the last bytes).
-        use_cgroups: try cgroups for memory/process limits (else only rlimits are used).
-        tmp_root: host folder under which the private HOME and /tmp are created (default: the
-            host's temp dir).
+        use_cgroups: try cgroups for memory/process/CPU limits (else only rlimits are used).
+        tmp_root: host folder under which the sandbox's private folder is created (default: the
+            host's temp dir); when root, every folder on its path must be enterable by others (o+x).
     """
 
     def __init__(self, spec: SandboxSpec, *, max_output_bytes: int = 1 << 20, use_cgroups: bool = True,
@@ -119,9 +104,13 @@ class BwrapSandbox(Sandbox):
         self.use_cgroups = use_cgroups
         self.tmp_root = tmp_root
         self.root: Path | None = None
-        """Host folder holding ``home/`` and ``tmp/`` while the sandbox is open."""
+        """Host folder holding ``home/``, ``tmp/`` (and ``ws/`` when root) while the sandbox is open."""
+        self.host_ids: tuple[int, int] = (os.getuid(), os.getgid())
+        """Host (uid, gid) the sandboxed processes run as."""
         self.enforced_limits: dict[str, str] = {}
         self.unenforced_limits: dict[str, str] = {}
+        self._private = os.getuid() == 0  # root: private tmpfs places, copy in/out, drop to host_ids
+        self._ws_owner: tuple[int, int] = (0, 0)
         self._dirs: list[Path] = []
         self._cgroup = Cgroup()
         self._finalizer: weakref.finalize | None = None
@@ -129,6 +118,7 @@ class BwrapSandbox(Sandbox):
         self._bwrap = "bwrap"
         self._mounts: list[tuple[str, str, str]] = []  # (kind, host source, target)
         self._tbl: list[tuple[str, Path, bool]] = []  # (target, real host source, writable)
+        self._places: dict[str, Path] = {}  # writable place -> host folder
 
     # -- lifecycle ------------------------------------------------------------------------------
     def __enter__(self) -> "BwrapSandbox":
@@ -138,7 +128,8 @@ class BwrapSandbox(Sandbox):
         try:
             self._start()
         except BaseException:
-            self.close()
+            self._finalizer()
+            self.root = None
             raise
         return self
 
@@ -156,44 +147,142 @@ class BwrapSandbox(Sandbox):
                 raise SandboxError(f"bind source {src} does not exist on the host; remove it from the spec")
         if spec.proxy_socket is not None and not Path(spec.proxy_socket).exists():
             raise SandboxError(f"proxy socket {spec.proxy_socket} does not exist; start the proxy first")
-        root = Path(tempfile.mkdtemp(prefix="clawgym-bwrap-", dir=self.tmp_root))
+        ids = spec.host_ids or sandbox_host_ids()
+        if self._private and 0 in ids:
+            raise SandboxError(f"host_ids {ids} would run sandboxed code as host root; leave host_ids unset")
+        if not self._private and ids != (os.getuid(), os.getgid()):
+            raise SandboxError(f"host_ids {ids}: only root can run a sandbox as another uid; leave host_ids unset")
+        self.host_ids = ids
+        tmp = Path(self.tmp_root or tempfile.gettempdir())
+        if self._private and not _hostfs.others_can_reach(tmp):
+            raise SandboxError(f"the sandbox uid cannot enter {tmp}: every folder on the way needs o+x "
+                               "(`chmod o+x` it, or pass another tmp_root / TMPDIR)")
+        if self._private:
+            _hostfs.ensure_reaper(_PREFIX)
+            if str(tmp) not in _swept:
+                _swept.add(str(tmp))
+                _hostfs.sweep_stale(tmp, _PREFIX)
+        root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=tmp))
         self._dirs.append(root)
         self.root = root
-        (root / "home").mkdir(mode=0o700)
-        (root / "tmp").mkdir()
-        (root / "empty").mkdir(mode=0o555)
+        if self._private:  # the private folder is itself a small tmpfs (nothing on disk to create or delete)
+            _hostfs.mount_tmpfs(root, size_mb=1, uid=ids[0], gid=ids[1], mode=0o700)
+            _hostfs.make_private(root)
+        for name, mode in (("home", 0o700), ("tmp", 0o1777), ("empty", 0o555)):
+            (root / name).mkdir()
+            os.chmod(root / name, mode)
         (root / "empty.txt").touch(mode=0o444)
-        os.chmod(root / "tmp", 0o1777)
+        self._places = {"home": root / "home", "tmp": root / "tmp", "workspace": ws}
+        if self._private:
+            self._start_private(root, ws)
         self._mounts = self._plan_mounts()
         name = f"clawgym-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._wrapper, self.enforced_limits, self.unenforced_limits = plan_limits(
             spec.limits, self._cgroup if self.use_cgroups else None, name)
+        if self._private:
+            self._wrapper = [*self._wrapper, *setpriv_prefix(ids)]
+        self._note_disk_limit()
+
+    def _start_private(self, root: Path, ws: Path) -> None:
+        """As root: size-limited tmpfs places in a folder only the sandbox uid enters; workspace copied in."""
+        uid, gid = self.host_ids
+        disk = self.spec.limits.disk_mb
+        st = ws.stat()
+        self._ws_owner = (st.st_uid, st.st_gid)
+        (root / "ws").mkdir()
+        (root / "ro").mkdir()
+        for place, mode in (("home", 0o700), ("tmp", 0o1777), ("ws", st.st_mode & 0o777 | 0o700)):
+            _hostfs.mount_tmpfs(root / place, size_mb=disk, uid=uid, gid=gid, mode=mode)
+        self._places["workspace"] = root / "ws"
+        _hostfs.copy_tree(ws, root / "ws", uid, gid)
+
+    def _note_disk_limit(self) -> None:
+        disk = self.spec.limits.disk_mb
+        if disk is None:
+            return
+        if self._private:
+            self.enforced_limits["disk_mb"] = (f"{disk} MiB tmpfs each for the workspace, HOME, /tmp and /dev/shm "
+                                               "(RAM-backed: also charged to the memory cgroup)")
+        else:
+            self.unenforced_limits["disk_mb"] = (f"only /dev/shm is limited ({disk} MiB tmpfs): size-limited private "
+                                                 "mounts for the workspace, HOME and /tmp need root")
+
+    def full_disks(self) -> list[str]:
+        """The writable places (``workspace``, ``home``, ``tmp``) whose quota is used up (call before close)."""
+        if self.root is None or not self._private or self.spec.limits.disk_mb is None:
+            return []
+        return [name for name, p in self._places.items() if _hostfs.is_full(p)]
 
     def peak_memory_bytes(self) -> int | None:
         """Peak memory of the sandbox's processes so far (from its memory cgroup; None without one)."""
         return self._cgroup.peak_memory_bytes() if self.use_cgroups else None
 
     def close(self) -> None:
-        """Kill what is left in the sandbox's cgroup and delete its folders. Idempotent."""
-        if self._finalizer is not None:
-            self._finalizer()
+        """Kill what is left, hand the workspace back (sanitized), delete the rest. Idempotent."""
+        if self._finalizer is not None and self._finalizer.alive and self.root is not None:
+            self._cgroup.destroy()
+            try:
+                self._hand_back()
+            finally:
+                self._finalizer()
         self.root = None
 
+    def _hand_back(self) -> None:
+        ws = Path(self.spec.workspace_host)
+        if not self._private:
+            _hostfs.strip_setid(ws)
+            return
+        try:
+            _hostfs.clear_dir(ws)
+            _hostfs.copy_tree(self._places["workspace"], ws, *self._ws_owner)
+        except OSError as e:
+            raise SandboxError(f"could not copy the final workspace back to {ws}: {e}") from e
+
     # -- planning -------------------------------------------------------------------------------
+    def _source(self, src: Path | str, index: int) -> str:
+        """``src`` itself, or (root, when the sandbox uid cannot look it up) a read-only staging bind."""
+        if not self._private or _hostfs.others_can_reach(Path(src)):
+            return str(src)
+        assert self.root is not None
+        real = Path(os.path.realpath(src))
+        stage = self.root / "ro" / str(index)
+        if real.is_dir():
+            stage.mkdir()
+        else:
+            stage.touch()
+        _hostfs.bind_ro(real, stage)
+        return str(stage)
+
+    def _hidden(self) -> list[str]:
+        """Host paths never shown: ``spec.hidden_paths``, the workspace's episode folder and its run folder."""
+        ws = Path(self.spec.workspace_host)
+        return [str(p) for p in [*self.spec.hidden_paths, ws, ws.parent, ws.parent.parent]]
+
     def _plan_mounts(self) -> list[tuple[str, str, str]]:
         spec, root = self.spec, self.root
         assert root is not None
         private = {posixpath.normpath(spec.home), "/tmp", posixpath.normpath(spec.workspace_target)}
-        mounts = [("--bind", str(root / "home"), spec.home), ("--bind", str(root / "tmp"), "/tmp")]
-        mounts += [("--ro-bind", str(p), str(p)) for p in spec.ro_paths if str(p) not in private]
-        mounts += [("--bind" if rw else "--ro-bind", str(h), t) for h, t, rw in spec.extra_binds]
-        mounts.append(("--bind", str(spec.workspace_host), spec.workspace_target))
-        for top in SCAN_FOR_SECRETS:
-            if top in map(str, spec.ro_paths):
-                mounts += [("--ro-bind", str(root / ("empty" if is_dir else "empty.txt")), p)
-                           for p, is_dir in unreadable_entries(top)]
+        places = self._places
+        mounts = [("--bind", str(places["home"]), spec.home), ("--bind", str(places["tmp"]), "/tmp")]
+        visible = [str(p) for p in spec.ro_paths if str(p) not in private]
+        mounts += [("--ro-bind", self._source(p, i), p) for i, p in enumerate(visible)]
+        n = len(visible)
+        for i, (h, t, rw) in enumerate(spec.extra_binds):
+            mounts.append(("--bind" if rw else "--ro-bind", str(h) if rw else self._source(h, n + i), t))
+        mounts.append(("--bind", str(places["workspace"]), spec.workspace_target))
+        target = posixpath.normpath(spec.workspace_target)
+        for h in self._hidden():  # strictly under a visible folder (masking a whole system folder breaks it)
+            if h != target and any(h.startswith(v.rstrip("/") + "/") for v in visible):
+                mounts.append(("--tmpfs", "", h))
+        if not self._private:  # the sandbox is this host user: hide what other users may not read
+            for top in SCAN_FOR_SECRETS:
+                if top in visible:
+                    mounts += [("--ro-bind", str(root / ("empty" if is_dir else "empty.txt")), p)
+                               for p, is_dir in unreadable_entries(top)]
         if spec.proxy_socket is not None:
-            mounts += [("--bind", str(spec.proxy_socket), PROXY_SOCK), ("--ro-bind", str(_RELAY_HOST), RELAY_PY)]
+            k = n + len(spec.extra_binds)
+            mounts += [("--ro-bind", self._source(spec.proxy_socket, k), PROXY_SOCK),
+                       ("--ro-bind", self._source(_RELAY_HOST, k + 1), RELAY_PY)]
         return sorted(mounts, key=lambda m: len(PurePosixPath(m[2]).parts))  # stable: parents first
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -213,14 +302,25 @@ class BwrapSandbox(Sandbox):
         return env
 
     def command(self, argv: Sequence[str], *, cwd: str | None = None) -> list[str]:
-        """The full host command line (limits wrapper + bwrap + relay) for ``argv``."""
+        """The full host command line (limits wrapper + uid drop + bwrap + relay) for ``argv``."""
         if self.root is None:
             raise SandboxError("the sandbox is not open; use it as `with BwrapSandbox(spec) as sb:`")
         spec = self.spec
-        cmd = [*self._wrapper, self._bwrap, "--unshare-all", *_user_args(spec.unprivileged), "--die-with-parent",
+        cmd = [*self._wrapper, self._bwrap, "--unshare-all", *user_args(spec.unprivileged), "--die-with-parent",
                "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev"]
+        for p in READ_ONLY_PROC:
+            cmd += ["--ro-bind-try", p, p]
+        if spec.limits.disk_mb is not None:
+            cmd += ["--size", str(spec.limits.disk_mb << 20), "--perms", "1777", "--tmpfs", "/dev/shm"]
+        masks = []
         for kind, src, target in self._mounts:
-            cmd += [kind, src, target]
+            if kind == "--tmpfs":
+                cmd += ["--perms", "0555", "--tmpfs", target]
+                masks.append(target)
+            else:
+                cmd += [kind, src, target]
+        for target in masks:
+            cmd += ["--remount-ro", target]
         cmd += ["--remount-ro", "/", "--chdir", cwd or spec.workspace_target, "--"]
         if spec.proxy_socket is not None:
             cmd += [_inside_python(spec), "-I", "-S", RELAY_PY, str(spec.proxy_port), PROXY_SOCK, "--"]
@@ -241,7 +341,7 @@ class BwrapSandbox(Sandbox):
             raise SandboxError(f"could not start bwrap: {e}; fix: {_FIX}") from e
         deadline = None if timeout is None else t0 + timeout
         try:
-            out, err, timed_out = self._pump(proc, stdin, deadline)
+            out, err, timed_out = pump(proc, stdin, deadline, self.max_output_bytes)
             if not timed_out:  # the pipes closed; the command itself may still run (output redirected)
                 try:
                     proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -249,141 +349,10 @@ class BwrapSandbox(Sandbox):
                     timed_out = True
         finally:
             if proc.poll() is None:
-                _killpg(proc.pid)
+                killpg(proc.pid)
             proc.wait()
         return ExecResult(returncode=proc.returncode, stdout=out, stderr=err, timed_out=timed_out,
                           wall_s=time.monotonic() - t0)
-
-    def _pump(self, proc: subprocess.Popen, stdin: bytes | None, deadline: float | None) -> tuple[str, str, bool]:
-        """Feed stdin and collect the output tails until both pipes close; kill the group at ``deadline``."""
-        keep = self.max_output_bytes
-        bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-        dropped = collections.Counter()
-        timed_out = False
-        with selectors.DefaultSelector() as sel:
-            for f in bufs:
-                sel.register(f, selectors.EVENT_READ)
-            pending = memoryview(stdin or b"")
-            if proc.stdin is not None:
-                os.set_blocking(proc.stdin.fileno(), False)
-                if pending:
-                    sel.register(proc.stdin, selectors.EVENT_WRITE)
-                else:
-                    proc.stdin.close()
-            while sel.get_map():
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                events = sel.select(wait)
-                if deadline is not None and time.monotonic() >= deadline:
-                    if timed_out:
-                        break  # something kept the pipes open past the grace period
-                    timed_out = True
-                    _killpg(proc.pid)
-                    deadline = time.monotonic() + 10  # drain what is left after the kill
-                for key, _ in events:
-                    f = key.fileobj
-                    if f is proc.stdin:
-                        try:
-                            pending = pending[os.write(f.fileno(), pending[:65536]):]
-                        except BrokenPipeError:
-                            pending = pending[:0]
-                        except BlockingIOError:
-                            continue
-                        if not pending:
-                            sel.unregister(f)
-                            f.close()
-                        continue
-                    chunk = os.read(f.fileno(), 65536)
-                    if not chunk:
-                        sel.unregister(f)
-                        continue
-                    buf = bufs[f]
-                    buf += chunk
-                    if len(buf) > 2 * keep:
-                        dropped[f] += len(buf) - keep
-                        del buf[:-keep]
-        out = []
-        for f, buf in bufs.items():
-            if len(buf) > keep:
-                dropped[f] += len(buf) - keep
-                del buf[:-keep]
-            text = buf.decode("utf-8", errors="replace")
-            out.append(f"[... {dropped[f]} bytes dropped ...]\n{text}" if dropped[f] else text)
-        return out[0], out[1], timed_out
-
-    # -- files ----------------------------------------------------------------------------------
-    def _table(self) -> list[tuple[str, Path, bool]]:
-        if self.root is None:
-            raise SandboxError("the sandbox is not open; use it as `with BwrapSandbox(spec) as sb:`")
-        if not self._tbl:  # bwrap follows a symlinked bind source on the host, so the table does too
-            self._tbl = [(posixpath.normpath(t), Path(os.path.realpath(src)), kind == "--bind")
-                         for kind, src, t in self._mounts]
-        return self._tbl
-
-    def _map(self, inside: str) -> tuple[Path, bool] | None:
-        """The host path behind ``inside`` (already symlink-free) and whether it is writable."""
-        best = None
-        for target, host, rw in self._table():
-            if inside == target or inside.startswith(target.rstrip("/") + "/"):
-                if best is None or len(target) >= len(best[0]):
-                    best = (target, host, rw)
-        if best is None:
-            return None
-        rel = inside[len(best[0]):].lstrip("/")
-        return (best[1] / rel if rel else best[1]), best[2]
-
-    def _resolve(self, path: str) -> tuple[Path, bool]:
-        """Resolve ``path`` as the sandbox would (symlinks followed inside) to (host path, writable)."""
-        if not posixpath.isabs(path):
-            raise SandboxError(f"sandbox path {path!r} must be absolute")
-        parts = collections.deque(PurePosixPath(path).parts[1:])
-        cur, hops = "/", 0
-        while parts:
-            name = parts.popleft()
-            if name in ("", "."):
-                continue
-            if name == "..":
-                cur = posixpath.dirname(cur)
-                continue
-            nxt = posixpath.join(cur, name)
-            mapped = self._map(nxt)
-            if mapped is not None and mapped[0].is_symlink():
-                hops += 1
-                if hops > 40:
-                    raise SandboxError(f"too many symlinks resolving {path!r} inside the sandbox")
-                target = os.readlink(mapped[0])
-                parts.extendleft(reversed(PurePosixPath(target).parts[1 if target.startswith("/") else 0:]))
-                if target.startswith("/"):
-                    cur = "/"
-                continue
-            cur = nxt
-        mapped = self._map(cur)
-        if mapped is None:
-            raise SandboxError(f"{path!r} is not inside a folder the sandbox shares with the host "
-                               f"(workspace {self.spec.workspace_target}, HOME {self.spec.home}, /tmp, or a bind)")
-        return mapped
-
-    def read_file(self, path: str) -> bytes:
-        host, _ = self._resolve(path)
-        try:
-            return host.read_bytes()
-        except OSError as e:
-            raise SandboxError(f"cannot read {path!r} in the sandbox: {e.strerror}") from e
-
-    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        host, writable = self._resolve(path)
-        if not writable:
-            raise SandboxError(f"{path!r} is read-only in the sandbox; write under {self.spec.workspace_target}, "
-                               f"{self.spec.home} or /tmp")
-        if isinstance(data, str):
-            data = data.encode()
-        try:
-            host.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                os.fchmod(f.fileno(), mode)
-        except OSError as e:
-            raise SandboxError(f"cannot write {path!r} in the sandbox: {e.strerror}") from e
 
 
 def _inside_python(spec: SandboxSpec) -> str:
@@ -391,10 +360,3 @@ def _inside_python(spec: SandboxSpec) -> str:
     exe = os.path.abspath(sys.executable)
     visible = any(exe.startswith(str(p).rstrip("/") + "/") for p in spec.ro_paths)
     return exe if visible else "python3"
-
-
-def _killpg(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -1,51 +1,70 @@
 """Docker sandbox backend: one long-lived container per sandbox; ``exec`` is ``docker exec``.
 
-Same contract and observable behaviour as the bubblewrap backend (see base.py and bwrap.py):
+Same contract as the bubblewrap backend (see base.py). What it promises, and how:
 
 * **Image.** ``clawgym/hostroot:1`` holds a few empty folders and nothing else; it is imported
-  locally (never pulled) the first time it is missing. The container root is read-only; all a
-  program can use is bind-mounted (parents before children): ``spec.ro_paths`` read-only at the same
-  paths, the workspace read-write at ``spec.workspace_target``, and a private HOME and ``/tmp`` that
-  this object creates on the host (under ``tmp_root``) and deletes in ``close()``.
-* **Isolation.** ``network_mode="none"`` (loopback only). With ``spec.unprivileged`` programs run as
-  uid/gid 1000 (the caller's ids when the caller is not root), without capabilities, with
-  ``no-new-privileges``; the workspace is chowned to that user at start and ``close()`` gives every
-  entry back to the owner of the workspace folder. As root inside (``unprivileged=False``), the
-  root-only files under ``/etc`` and ``/opt`` are masked with empty ones, as bwrap does.
-* **pid 1 and proxy.** pid 1 is ``docker_launch.py init`` (copied in read-only), running as the
-  caller's uid without capabilities; it reaps orphans. With ``spec.proxy_socket`` it runs
-  ``relay.py`` for the container's whole life on ``127.0.0.1:proxy_port`` (the socket file is bound
-  at ``/.clawgym/proxy.sock``, so a proxy must keep its socket for the sandbox's life) and the
-  container ends with the relay. Docker's ``init=True`` cannot
-  be used: its ``/sbin/docker-init`` is hidden by the host's read-only ``/sbin``.
+  locally (never pulled) the first time it is missing. The container root is read-only.
+* **Who runs.** Every exec runs as the sandbox's host ids (``spec.host_ids``, else
+  :func:`~clawgym_env.sandbox.base.sandbox_host_ids`: an id from an unused range when this process is
+  root, this user's own ids otherwise); as root, ids of root or of any account of this host are
+  refused. The whole container has ``cap_drop=ALL`` and ``no-new-privileges`` (a setuid file,
+  planted or from the host's ``/usr``, grants nothing), its own pid, ipc and uts namespaces,
+  Docker's read-only ``/proc/sys`` and masked ``/proc`` paths, and ``network_mode="none"``
+  (loopback only). ``unprivileged=False`` is refused: without the daemon's ``userns-remap`` root in
+  a container *is* host root (use the bwrap backend, whose root is mapped to an unprivileged host
+  id, for commands that need uid 0).
+* **What is visible.** ``spec.ro_paths`` read-only at the same paths, minus what
+  :func:`~clawgym_env.sandbox._docker_host.plan_ro_mounts` hides: ``spec.hidden_paths`` (our own
+  packages' folders: task answer keys, verifiers), the project checkout, the workspace's episode
+  folder and the run folder of other episodes are never shown (masked with an empty folder where a
+  toolchain path would show them). ``extra_binds`` as asked.
+* **Private places.** The workspace, HOME, ``/tmp`` and ``/dev/shm`` are writable by the sandbox
+  user and private to the sandbox. ``/tmp`` and ``/dev/shm`` are Docker tmpfs. HOME and the
+  workspace are :class:`~clawgym_env.sandbox._docker_host.Place` s: when this process is root, a
+  host tmpfs per place, detached from every host path once the container runs. The workspace is
+  copied in at start and copied back into ``spec.workspace_host`` by ``close()`` (links kept as links,
+  special files skipped, sparse files sparse, setuid/setgid bits stripped, everything owned by the
+  workspace folder's owner, the folder 0700); the host folder is untouched while the sandbox runs,
+  and stays as it was given if this process is killed. As a non-root user the places are plain
+  folders under a 0700 staging folder (``tmp_root``), left behind by a killed process.
+* **Not promised.** Protection against kernel exploits (the container shares the host kernel: use
+  a VM or gVisor runtime for that); a driver that forks keeps the container alive in the child.
+* **Lifetime.** pid 1 is ``docker_launch.py init`` (bind-mounted read-only with ``relay.py`` at
+  ``/.clawgym``), running as this process's uid without capabilities; it reaps orphans, runs the
+  proxy relay for the container's whole life when ``spec.proxy_socket`` is set (the socket file is
+  bound at ``/.clawgym/proxy.sock``) and exits when its stdin, held only by this object, reaches
+  EOF. The container is ``auto_remove``: ``close()``, or the death of this process by any signal,
+  leaves no container and no process behind. (Docker's ``init=True`` cannot be used: its
+  ``/sbin/docker-init`` is hidden by the host's read-only ``/sbin``.)
 * **exec.** Each command runs under ``docker_launch.py run``, which marks its process tree with a
   fresh ``CLAWGYM_SANDBOX_EXEC`` value; when the command ends or its timeout passes, every process
-  carrying the mark (or descending from one) is SIGKILLed, so nothing outlives its ``exec`` (as with
-  bwrap's pid namespace). A timed-out exec returns ``timed_out=True`` and returncode -9. stdout and
-  stderr keep their last ``max_output_bytes`` each. Defaults: cwd = ``spec.workspace_target``; env
-  built from scratch: PATH, HOME, TMPDIR, LANG=C.UTF-8, USER, CLAWGYM_PROXY_URL (with a proxy), then
-  ``spec.env``, then the exec's ``env``.
-* **Files.** ``read_file``/``write_file`` use the host side of a writable bind (HOME, /tmp, the
-  workspace, writable extra binds) when the path's host location stays inside that bind; anything
-  else (read-only toolchain paths, symlinks that leave their bind) is read or written by a command
-  running as the sandbox user inside the container, so both see exactly what the sandbox sees.
-  Failures raise SandboxError.
-* **Limits.** ``memory_mb`` → cgroup memory without swap and ``max_procs`` → cgroup pids (both for
-  the whole container), ``open_files`` → RLIMIT_NOFILE, ``cpu_s`` → RLIMIT_CPU per exec'd process (so
-  the long-lived relay is exempt). Every limit that is not None lands in exactly one of
-  ``enforced_limits`` (how) and ``unenforced_limits`` (why not).
+  carrying the mark (or descending from one) is SIGKILLed, so nothing outlives its ``exec``. A
+  timed-out exec returns ``timed_out=True`` and returncode -9. stdout and stderr keep their last
+  ``max_output_bytes`` each. Defaults: cwd = ``spec.workspace_target``; env built from scratch: PATH,
+  HOME, TMPDIR, LANG=C.UTF-8, USER, CLAWGYM_PROXY_URL (with a proxy), then ``spec.env``, then the
+  exec's ``env``.
+* **Files.** ``read_file``/``write_file`` on a path in HOME or the workspace (not in a bind below
+  them) use the host side of the place, walked from its root with ``O_NOFOLLOW`` at every step (a
+  written file and new folders go to the sandbox user); any other path, or one with a link or a
+  special file on the way, is read or written by a command running as the sandbox user inside the
+  container (at most ``file_timeout_s``), so both see exactly what the sandbox sees and a planted
+  link is never followed on the host. Failures raise SandboxError.
+* **Limits.** ``memory_mb`` → cgroup memory without swap, ``max_procs`` → cgroup pids, ``cpus`` →
+  CFS quota (``nano_cpus``), all for the whole container; ``open_files`` → RLIMIT_NOFILE; ``cpu_s`` →
+  RLIMIT_CPU per exec'd process (the relay is exempt); ``disk_mb`` → tmpfs ``size`` of each of the
+  workspace, HOME, ``/tmp`` and ``/dev/shm`` (a write past it fails with ENOSPC); it needs root to
+  mount the host tmpfs, else it is reported unenforced; :meth:`DockerSandbox.full_disks` names the
+  places that filled up. tmpfs pages also count towards ``memory_mb``. Every limit that is not None
+  lands in exactly one of ``enforced_limits`` (how) and ``unenforced_limits`` (why not).
 """
 
 from __future__ import annotations
 
-import io
 import os
 import posixpath
-import shutil
+import pwd
 import sys
-import tarfile
 import tempfile
-import threading
 import time
 import uuid
 import weakref
@@ -53,58 +72,35 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from clawgym_env.errors import SandboxError
+from clawgym_env.sandbox._docker_host import (IMAGE, Place, connect, ensure_image, limit_options,
+                                              open_in_place, plan_ro_mounts, release, stage_in)
+from clawgym_env.sandbox import _hostfs
 from clawgym_env.sandbox._docker_stream import pump
-from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxSpec
+from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxSpec, sandbox_host_ids
 
-IMAGE = "clawgym/hostroot:1"
-CTL_DIR = "/.clawgym"  # read-only folder inside: the launcher and the relay
+CTL_DIR = "/.clawgym"  # read-only files inside: the launcher and the relay
 PROXY_SOCK = f"{CTL_DIR}/proxy.sock"  # the proxy's unix socket, bound here
-SANDBOX_UID = 1000
 TAG_VAR = "CLAWGYM_SANDBOX_EXEC"
-FIX = ("start a Docker engine with `scripts/dockerd.sh start` (install it first with "
-       "`scripts/dockerd.sh --install start` or `apt-get install -y docker.io`), or use the bwrap backend")
-_image_lock = threading.Lock()
-
-
-def connect():
-    """A DockerClient that has answered a ping, or SandboxError saying how to get one."""
-    try:
-        import docker
-    except ImportError as exc:
-        raise SandboxError("the Docker backend needs the docker SDK: pip install 'clawgym[docker]'") from exc
-    try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-        return client
-    except Exception as exc:  # DockerException, requests errors: all mean "no engine here"
-        raise SandboxError(f"no Docker engine answers ({str(exc).strip()[:300]}); fix: {FIX}") from exc
-
-
-def ensure_image(client, tag: str = IMAGE) -> str:
-    """Create the empty host-root image ``tag`` locally if it is missing (import, never pull)."""
-    import docker
-
-    with _image_lock:
-        try:
-            client.images.get(tag)
-            return tag
-        except docker.errors.ImageNotFound:
-            pass
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for name in ("tmp", "root", "proc", "dev", "sys", "etc", "usr", "run"):
-                info = tarfile.TarInfo(name)
-                info.type, info.mode = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755
-                tar.addfile(info)
-        repo, _, version = tag.rpartition(":")
-        client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=version,
-                                          changes=["LABEL org.clawgym.role=hostroot"])
-        client.images.get(tag)
-        return tag
+ROOT_FIX = ("the Docker backend cannot run commands as root inside: without the daemon's userns-remap, "
+            "root in a container is host root; use unprivileged=True, or the bwrap backend (its root is "
+            "mapped to an unprivileged host id)")
 
 
 def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _account(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
+def _tmpfs_opts(size_mb: int | None, mode: str) -> str:
+    if size_mb is None:
+        return f"mode={mode},exec"
+    return f"size={int(size_mb)}m,nr_inodes={max(4096, int(size_mb) * 128)},mode={mode},exec"
 
 
 class DockerSandbox(Sandbox):
@@ -113,39 +109,41 @@ class DockerSandbox(Sandbox):
     Args:
         spec: what to mount and which limits to apply.
         max_output_bytes: how much of each of stdout/stderr an exec keeps (the last bytes).
-        tmp_root: host folder under which the private HOME and /tmp are created (default: the
-            host's temp dir).
+        tmp_root: host folder under which the staging folder of HOME and the workspace is created
+            (default: the host's temp dir); it is empty again once the container runs (as root).
         image: the (local) image to run; created by :func:`ensure_image` when missing.
+        runtime: the OCI runtime of the container (default ``CLAWGYM_DOCKER_RUNTIME``, else the engine's
+            default, ``runc``); ``runsc`` (gVisor, registered with the engine) puts a user-space kernel
+            between the agent and the host kernel.
     """
 
     def __init__(self, spec: SandboxSpec, *, max_output_bytes: int = 1 << 20, tmp_root: Path | None = None,
-                 image: str = IMAGE) -> None:
+                 image: str = IMAGE, runtime: str | None = None) -> None:
         self.spec = spec
+        self.runtime = runtime or os.environ.get("CLAWGYM_DOCKER_RUNTIME") or None
         self.max_output_bytes = max_output_bytes
+        self.file_timeout_s = 120.0
+        """Longest a read_file/write_file that has to go through the container may take."""
         self.tmp_root = tmp_root
         self.image = image
         self.root: Path | None = None
-        """Host folder holding ``home/``, ``tmp/`` and ``ctl/`` while the sandbox is open."""
+        """Staging folder of HOME and the workspace (removed once they are detached, or at close)."""
         self.container_id: str | None = None
         self.enforced_limits: dict[str, str] = {}
         self.unenforced_limits: dict[str, str] = {}
+        self.uid, self.gid = -1, -1
         self._client: Any = None
         self._container: Any = None
-        self._mounts: list[tuple[str, str, bool]] = []  # (inside, host, writable), deepest first
-        self._res: dict[str, Any] = {}  # what _release must undo: client, container, ws_owner, root
+        self._res: dict[str, Any] = {}  # what _release must undo (see there)
         self._finalizer: weakref.finalize | None = None
         self._py: str | None = None
-        me = os.geteuid()
-        if spec.unprivileged:
-            self.uid, self.gid = (SANDBOX_UID, SANDBOX_UID) if me == 0 else (me, os.getegid())
-        else:
-            self.uid, self.gid = 0, 0
+        self._targets: list[tuple[str, Place | None]] = []  # (mount target inside, its Place if any)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "DockerSandbox":
         if self._finalizer is not None:
             raise SandboxError("this DockerSandbox was already started; create a new one")
-        self._finalizer = weakref.finalize(self, _release, self._res)  # also runs at exit / on GC
+        self._finalizer = weakref.finalize(self, release, self._res)  # also runs at exit / on GC
         try:
             self._start()
         except BaseException as exc:
@@ -154,6 +152,15 @@ class DockerSandbox(Sandbox):
                 raise
             raise SandboxError(f"could not start the Docker sandbox: {exc}") from exc
         return self
+
+    def _ids(self) -> tuple[int, int]:
+        if not self.spec.unprivileged:
+            raise SandboxError(ROOT_FIX)
+        uid, gid = self.spec.host_ids or sandbox_host_ids()
+        if os.geteuid() == 0 and (0 in (uid, gid) or _account(uid)):
+            raise SandboxError(f"sandbox host ids {(uid, gid)} are host root or a user of this host "
+                               f"({_account(uid) or 'root'}); leave spec.host_ids None or give ids no account has")
+        return int(uid), int(gid)
 
     def _start(self) -> None:
         from docker.types import Mount, Ulimit
@@ -170,94 +177,105 @@ class DockerSandbox(Sandbox):
         sock = None if spec.proxy_socket is None else Path(spec.proxy_socket).resolve()
         if sock is not None and not sock.exists():
             raise SandboxError(f"proxy socket {spec.proxy_socket} does not exist; start the proxy first")
+        self.uid, self.gid = uid, gid = self._ids()
         self._client = self._res["client"] = connect()
         ensure_image(self._client, self.image)
+        kwargs = limit_options(spec.limits, self._client.info(), Ulimit, self.enforced_limits,
+                               self.unenforced_limits)
 
         self.root = root = self._res["root"] = Path(tempfile.mkdtemp(prefix="clawgym-docker-", dir=self.tmp_root))
-        home, tmp, ctl = root / "home", root / "tmp", root / "ctl"
-        for d, mode in ((home, 0o711), (tmp, 0o1777), (ctl, 0o755), (root / "empty", 0o555)):
-            d.mkdir()
-            os.chmod(d, mode)  # HOME 0711: the capability-less pid 1 must traverse it to binds beneath
-        (root / "empty.txt").touch(mode=0o444)
-        for name, dest in (("docker_launch.py", "launch.py"), ("relay.py", "relay.py")):
-            shutil.copyfile(Path(__file__).with_name(name), ctl / dest)
-        self._chown(home)
-        self._chown(tmp)
-        ws = os.path.realpath(spec.workspace_host)
-        if os.geteuid() == 0 and self.uid != 0:
-            st = os.stat(ws)
-            self._res["ws_owner"] = (ws, st.st_uid, st.st_gid)
-            _chown_tree(ws, self.uid, self.gid)
+        disk = spec.limits.disk_mb
+        self._res["places"] = places = [Place(root / "home", uid, gid, disk, 0o711), Place(root / "ws", uid, gid, disk)]
+        home, ws = places
+        ws_host = os.path.realpath(spec.workspace_host)
+        stage_in(ws_host, ws, uid, gid)
 
-        mounts: dict[str, tuple[str, bool]] = {posixpath.normpath(str(p)): (os.path.realpath(p), False)
-                                               for p in spec.ro_paths}
-        if self.uid == 0:  # root inside could read root-only host files through the toolchain binds
-            from clawgym_env.sandbox._hostside import SCAN_FOR_SECRETS, unreadable_entries
-
-            for top in (t for t in SCAN_FOR_SECRETS if t in mounts):
-                mounts.update({p: (str(root / ("empty" if d else "empty.txt")), False)
-                               for p, d in unreadable_entries(top)})
+        binds, masks = plan_ro_mounts(list(spec.ro_paths), list(spec.hidden_paths), Path(ws_host))
+        mounts: dict[str, tuple[str, bool]] = {t: (h, False) for t, h in binds.items()}
         for host, inside, writable in spec.extra_binds:
             mounts[posixpath.normpath(inside)] = (os.path.realpath(host), writable)
-        mounts.update({posixpath.normpath(spec.home): (str(home), True), "/tmp": (str(tmp), True),
-                       posixpath.normpath(spec.workspace_target): (ws, True), CTL_DIR: (str(ctl), False)})
-        self._mounts = sorted(((t, h, w) for t, (h, w) in mounts.items()), key=lambda m: -len(m[0]))
-        for target, _, _ in self._mounts:  # mountpoints inside writable binds belong to the user
-            self._premake(target)
-        docker_mounts = [Mount(t, h, type="bind", read_only=not w) for t, h, w in reversed(self._mounts)]
+        here = Path(__file__).parent
+        mounts.update({posixpath.normpath(spec.home): (home.host, True),
+                       posixpath.normpath(spec.workspace_target): (ws.host, True),
+                       f"{CTL_DIR}/launch.py": (str(here / "docker_launch.py"), False),
+                       f"{CTL_DIR}/relay.py": (str(here / "relay.py"), False)})
+        by_target = {posixpath.normpath(spec.home): home, posixpath.normpath(spec.workspace_target): ws}
+        self._premake(mounts, by_target)
+        tmpfs = {"/tmp": _tmpfs_opts(disk, "1777")}
+        tmpfs.update({m: "size=4k,nr_inodes=16,mode=0555" for m in masks})
+        self._targets = sorted(((t, by_target.get(t)) for t in [*mounts, *tmpfs, "/dev/shm", PROXY_SOCK]),
+                               key=lambda m: -len(m[0]))  # deepest first: the mount that holds a path
+        docker_mounts = [Mount(t, h, type="bind", read_only=not w)
+                         for t, (h, w) in sorted(mounts.items(), key=lambda m: m[0].count("/"))]
 
         command = [self._python(), "-I", "-S", f"{CTL_DIR}/launch.py", "init"]
         if sock is not None:  # the socket itself, not its folder (which may hold anything)
-            (ctl / "proxy.sock").touch()
             docker_mounts.append(Mount(PROXY_SOCK, str(sock), type="bind", read_only=True))
             command += [self._python(), "-I", "-S", f"{CTL_DIR}/relay.py", str(spec.proxy_port), PROXY_SOCK]
-        kwargs = self._limit_options(self._client.info(), Ulimit)
-        if self.uid != 0:
-            kwargs.update(cap_drop=["ALL"], security_opt=["no-new-privileges"])
-        self._container = self._client.containers.create(
-            self.image, command, name=f"clawgym-sb-{uuid.uuid4().hex[:12]}", detach=True, init=False,
-            network_mode="none", read_only=True, mounts=docker_mounts, user=f"{os.geteuid()}:{os.getegid()}",
-            environment=self.env(), hostname="sandbox", working_dir="/",
-            labels={"org.clawgym.sandbox": "docker"}, **kwargs)
-        self.container_id = self._res["container"] = self._container.id
-        self._container.start()
-        self._container.reload()
-        if self._container.status != "running":
-            logs = self._container.logs(tail=20).decode(errors="replace").strip()
-            raise SandboxError(f"sandbox container exited at start ({self._container.status}): {logs}")
+        if disk is not None:
+            kwargs["shm_size"] = f"{int(disk)}m"
+        api = self._client.api
+        host_config = api.create_host_config(
+            network_mode="none", read_only=True, mounts=docker_mounts, tmpfs=tmpfs, cap_drop=["ALL"],
+            security_opt=["no-new-privileges"], ipc_mode="private", auto_remove=True, init=False,
+            runtime=self.runtime, **kwargs)
+        config = api.create_container_config(
+            self.image, command, hostname="sandbox", user=f"{os.geteuid()}:{os.getegid()}", detach=True,
+            stdin_open=True, environment=self.env(), working_dir="/", labels={"org.clawgym.sandbox": "docker"},
+            host_config=host_config)
+        config["StdinOnce"] = True  # the stdin closes for good when our attachment goes (pid 1 then ends)
+        created = api.create_container_from_config(config, name=f"clawgym-sb-{uuid.uuid4().hex[:12]}")
+        self.container_id = self._res["container"] = created["Id"]
+        # the container's only stdin: closed by the kernel if this process dies, which ends pid 1
+        self._res["lifeline"] = api.attach_socket(self.container_id, params={"stdin": 1, "stream": 1})
+        api.start(self.container_id)
+        try:
+            status = api.inspect_container(self.container_id)["State"]["Status"]
+        except Exception:  # auto_remove: a pid 1 that died at once takes the container with it
+            status = "removed"
+        self._container = self.container_id
+        if status != "running":
+            raise SandboxError(f"sandbox container ended at start ({status}): its pid 1 ({self._python()}) "
+                               "could not run; make sure that Python is visible through spec.ro_paths")
+        self._res["ws_out"] = (ws, ws_host)
+        for place in places:  # from now on only the container and our fds reach them
+            place.detach()
+        if all(p.fd is not None for p in places):
+            _hostfs.discard(root)
 
-    def _limit_options(self, info: Mapping[str, Any], Ulimit) -> dict[str, Any]:
-        """Container options for ``spec.limits``; fills ``enforced_limits``/``unenforced_limits``."""
-        lim, opts, ulimits = self.spec.limits, {}, []
-        if lim.memory_mb is not None:
-            if info.get("MemoryLimit", False):
-                opts["mem_limit"] = f"{lim.memory_mb}m"
-                if info.get("SwapLimit", False):
-                    opts["memswap_limit"] = f"{lim.memory_mb}m"
-                self.enforced_limits["memory_mb"] = f"cgroup memory={lim.memory_mb}MiB for the container"
-            else:
-                self.unenforced_limits["memory_mb"] = "the Docker engine reports no memory cgroup"
-        if lim.max_procs is not None:
-            if info.get("PidsLimit", False):
-                opts["pids_limit"] = lim.max_procs
-                self.enforced_limits["max_procs"] = f"cgroup pids.max={lim.max_procs} for the container"
-            else:
-                self.unenforced_limits["max_procs"] = "the Docker engine reports no pids cgroup"
-        if lim.cpu_s is not None:  # set by the launcher in each exec
-            self.enforced_limits["cpu_s"] = f"RLIMIT_CPU={int(lim.cpu_s)}s per process"
-        if lim.open_files is not None:
-            ulimits.append(Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files))
-            self.enforced_limits["open_files"] = f"RLIMIT_NOFILE={lim.open_files}"
-        if ulimits:
-            opts["ulimits"] = ulimits
-        return opts
+    def _premake(self, mounts: Mapping[str, tuple[str, bool]], places: Mapping[str, Place]) -> None:
+        """Create, owned by the sandbox user, the parent folders of mountpoints inside HOME or the workspace
+        (the engine would create them root-owned, and the user could not write beside a bind)."""
+        for target in sorted(mounts, key=len):
+            for top, place in sorted(places.items(), key=lambda kv: -len(kv[0])):  # the deepest place holds it
+                if target != top and _under(target, top):
+                    cur = place.host
+                    for part in posixpath.relpath(target, top).split("/")[:-1]:
+                        cur = os.path.join(cur, part)
+                        if not os.path.lexists(cur):
+                            os.mkdir(cur, 0o755)
+                            if os.geteuid() == 0:
+                                os.lchown(cur, self.uid, self.gid)
+                    break
+
+    def full_disks(self) -> list[str]:
+        """The writable places (``workspace``, ``home``, ``tmp``, ``shm``) whose quota is used up (call
+        before close; one exec for the two places that only the container sees)."""
+        if self._container is None or self.spec.limits.disk_mb is None:
+            return []
+        full = [name for name, place in zip(("home", "workspace"), self._res.get("places", []))
+                if place.fd is not None and os.fstatvfs(place.fd).f_bavail == 0]
+        code, out, _, _, _ = self._run(["stat", "-f", "-c", "%a", "/tmp", "/dev/shm"], cwd="/", timeout=30)
+        if code == 0:
+            full += [name for name, free in zip(("tmp", "shm"), out.split()) if free == b"0"]
+        return full
 
     def close(self) -> None:
-        """Remove the container, give the workspace back to its owner, delete HOME and /tmp. Idempotent."""
+        """Remove the container, copy the workspace back, free HOME and the workspace. Idempotent."""
         errors = self._finalizer() if self._finalizer is not None else None
         self._client = self._container = self.root = None
         if errors:
-            raise SandboxError("; ".join(errors) + "; remove it with `docker rm -f` if it is still there")
+            raise SandboxError("; ".join(errors))
 
     # ---- exec ------------------------------------------------------------------------------
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -293,7 +311,7 @@ class DockerSandbox(Sandbox):
                cwd or self.spec.workspace_target, "--", *argv]
         t0 = time.monotonic()
         try:
-            ex = api.exec_create(self._container.id, cmd, stdin=stdin is not None, environment=full_env,
+            ex = api.exec_create(self._container, cmd, stdin=stdin is not None, environment=full_env,
                                  user=f"{self.uid}:{self.gid}", workdir="/")
             raw = api.exec_start(ex["Id"], socket=True)
         except Exception as exc:
@@ -320,7 +338,7 @@ class DockerSandbox(Sandbox):
         """Kill every process of the exec ``tag`` (run as the sandbox user, who owns them all)."""
         api = self._client.api
         try:
-            ex = api.exec_create(self._container.id, [self._python(), "-I", "-S", f"{CTL_DIR}/launch.py", "sweep",
+            ex = api.exec_create(self._container, [self._python(), "-I", "-S", f"{CTL_DIR}/launch.py", "sweep",
                                                       tag], user=f"{self.uid}:{self.gid}", workdir="/")
             api.exec_start(ex["Id"])
         except Exception as exc:
@@ -328,37 +346,48 @@ class DockerSandbox(Sandbox):
 
     # ---- files -----------------------------------------------------------------------------
     def read_file(self, path: str) -> bytes:
-        host = self._host_path(path)
-        if host is not None:
-            try:
-                return Path(host).read_bytes()
-            except OSError as exc:
-                raise SandboxError(f"cannot read {path!r} in the sandbox: {exc.strerror}") from exc
-        code, out, err, _, _ = self._run(["cat", "--", self._norm(path)], cwd="/")
+        fd = self._host_fd(path, write=False)
+        if fd is not None:
+            with os.fdopen(fd, "rb") as f:
+                return f.read()
+        code, out, err, late, _ = self._run(["cat", "--", self._norm(path)], cwd="/", timeout=self.file_timeout_s)
+        if late:  # a fifo planted in place of a file must not hang the caller
+            raise SandboxError(f"cannot read {path!r} in the sandbox: no end after {self.file_timeout_s}s (a fifo?)")
         if code != 0:
             raise SandboxError(f"cannot read {path!r} in the sandbox: {err.decode(errors='replace').strip()}")
         return out
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         raw = data.encode() if isinstance(data, str) else bytes(data)
-        host = self._host_path(path)
-        if host is not None:
-            try:
-                self._premake(posixpath.dirname(self._norm(path)))
-                fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(raw)
-                    os.fchmod(f.fileno(), mode)
-                self._chown(host)
-                return
-            except OSError as exc:
-                raise SandboxError(f"cannot write {path!r} in the sandbox: {exc.strerror}") from exc
+        fd = self._host_fd(path, write=True, mode=mode)
+        if fd is not None:
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+            return
         script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && chmod "$2" "$1"'
-        code, _, err, _, _ = self._run(["sh", "-c", script, "sh", self._norm(path), oct(mode)[2:]], stdin=raw,
-                                       cwd="/")
-        if code != 0:
+        code, _, err, late, _ = self._run(["sh", "-c", script, "sh", self._norm(path), oct(mode & 0o777)[2:]],
+                                          stdin=raw, cwd="/", timeout=self.file_timeout_s)
+        if code != 0 or late:
             hint = "; write under the workspace, HOME or /tmp" if b"Read-only" in err else ""
             raise SandboxError(f"cannot write {path!r} in the sandbox: {err.decode(errors='replace').strip()}{hint}")
+
+    def _host_fd(self, path: str, *, write: bool, mode: int = 0o644) -> int | None:
+        """A host fd for ``path`` when it lies in HOME or the workspace (and not in a bind below them)
+        and no step of it is a link; None: go through the container."""
+        inside = self._norm(path)
+        if self._container is None:
+            raise SandboxError("the sandbox is not open; use it as `with DockerSandbox(spec) as sb:`")
+        for target, place in self._targets:
+            if _under(inside, target):
+                if place is None or inside == target:
+                    return None
+                try:
+                    return open_in_place(place, posixpath.relpath(inside, target), write=write, uid=self.uid,
+                                         gid=self.gid, mode=mode)
+                except OSError as exc:
+                    verb = "write" if write else "read"
+                    raise SandboxError(f"cannot {verb} {path!r} in the sandbox: {exc.strerror}") from exc
+        return None
 
     # ---- helpers ---------------------------------------------------------------------------
     @staticmethod
@@ -367,66 +396,9 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"sandbox path {path!r} must be absolute")
         return posixpath.normpath(path)
 
-    def _host_path(self, path: str) -> str | None:
-        """The host path behind ``path`` when it is under a writable bind and, symlinks resolved on the
-        host, stays inside that bind; None when only the container can resolve it faithfully."""
-        inside = self._norm(path)
-        if self._container is None:
-            raise SandboxError("the sandbox is not open; use it as `with DockerSandbox(spec) as sb:`")
-        for target, host, writable in self._mounts:
-            if _under(inside, target):
-                cand = host if inside == target else os.path.join(host, posixpath.relpath(inside, target))
-                return cand if writable and _under(os.path.realpath(cand), host) else None
-        return None
-
-    def _premake(self, inside: str) -> None:
-        """Create ``inside``'s missing folders on the host side of the writable bind holding it."""
-        for target, host, writable in self._mounts:
-            if writable and inside != target and _under(inside, target):
-                cur = host
-                for part in posixpath.relpath(inside, target).split("/"):
-                    cur = os.path.join(cur, part)
-                    if not os.path.lexists(cur):
-                        os.mkdir(cur, 0o755)
-                        self._chown(cur)
-                return
-
-    def _chown(self, host: str | Path) -> None:
-        if os.geteuid() == 0:
-            os.lchown(host, self.uid, self.gid)
-
     def _python(self) -> str:
         """This Python when a read-only bind shows it inside, else ``python3`` from PATH."""
         if self._py is None:
             exe = os.path.abspath(sys.executable)
             self._py = exe if any(_under(exe, str(p)) for p in self.spec.ro_paths) else "python3"
         return self._py
-
-
-def _chown_tree(root: str, uid: int, gid: int) -> None:
-    os.lchown(root, uid, gid)
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs + files:
-            try:
-                os.lchown(os.path.join(dirpath, name), uid, gid)
-            except OSError:
-                pass
-
-
-def _release(res: dict[str, Any]) -> list[str]:
-    """Undo what a sandbox created (``res`` is its ledger); must not reference the sandbox itself."""
-    errors: list[str] = []
-    client, cid = res.pop("client", None), res.pop("container", None)
-    if client is not None and cid is not None:
-        try:
-            client.api.remove_container(cid, force=True)
-        except Exception as exc:  # already gone is fine
-            if getattr(getattr(exc, "response", None), "status_code", None) != 404:
-                errors.append(f"could not remove container {cid}: {exc}")
-    if "ws_owner" in res:
-        _chown_tree(*res.pop("ws_owner"))
-    if "root" in res:
-        shutil.rmtree(res.pop("root"), ignore_errors=True)
-    if client is not None:
-        client.close()
-    return errors

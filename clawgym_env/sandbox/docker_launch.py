@@ -3,7 +3,10 @@
 Usage (the backend copies this file to ``/.clawgym/launch.py``, read-only):
 
 * ``launch.py init [RELAY_CMD...]``: pid 1 of the container. Reaps every orphan; with a relay
-  command it runs it as a child and exits when (and with the code that) the relay exits.
+  command it runs it as a child and exits when (and with the code that) the relay exits. It also
+  exits as soon as its stdin reaches EOF: the backend holds the container's only stdin attachment
+  (``stdin_once``), so when the host process that owns the sandbox dies, for any reason, pid 1 exits
+  and the engine kills every process of the container and removes it.
 * ``launch.py run TAG PORT CPU_S KEEP_HOSTNAME CWD -- CMD...``: one ``exec``. Applies RLIMIT_CPU
   (when CPU_S > 0), enters CWD, waits (at most 10 s) for the relay on 127.0.0.1:PORT (when PORT > 0),
   runs CMD, then kills every process of the tree and exits with CMD's code (128+N for signal N).
@@ -110,10 +113,24 @@ def run(tag: str, port: int, cpu_s: int, keep_hostname: bool, cwd: str, cmd: lis
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
+def _exit_on_eof() -> None:
+    """Block on stdin; at EOF (the owner's attachment is gone) end the whole container."""
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        pass
+    os._exit(0)
+
+
 def init(cmd: list[str]) -> None:
-    """pid 1: reap every orphan; with a relay command, live exactly as long as the relay."""
+    """pid 1: reap every orphan; with a relay command, live exactly as long as the relay; end when
+    stdin reaches EOF."""
+    import threading
+
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     relay = spawn(cmd) if cmd else None
+    threading.Thread(target=_exit_on_eof, daemon=True).start()
     while True:
         try:
             pid, status = os.waitpid(-1, 0)

@@ -6,26 +6,29 @@ Listens on ``127.0.0.1:PORT``, forwards every connection to the unix socket ``SO
 serving proxy, bind-mounted from the host), then runs ``CMD`` as a child and exits with its exit
 code (128+N when a signal N killed it, 127 when it cannot be found, 126 when it cannot be run).
 
-Invariants: the listener is bound and listening before ``CMD`` starts; the relay never outlives the
-command; SIGTERM/SIGINT/SIGHUP are forwarded to it. Standard library only, and no ``asyncio``
-(its import alone costs more than the rest of the relay's start-up): it runs under whatever Python
-the sandbox has, one thread per connection direction.
+Invariants: the listener is bound and listening before ``CMD`` starts; every relayed TCP connection
+has ``TCP_NODELAY`` (no delayed-ACK stall on multi-piece responses); the relay never outlives the
+command; SIGTERM/SIGINT/SIGHUP are forwarded to it. Standard library only, and only its C-level
+modules (``_socket``, ``_thread``, ``_signal``, ``os``, ``sys``): ``socket``, ``signal`` and
+``threading`` pull in ``enum``, ``selectors`` and more, which cost more start-up time than the rest of
+the relay, and it starts once per sandboxed command. It runs under whatever Python the sandbox has,
+one thread per connection direction.
 """
 
-from __future__ import annotations
-
+import _signal
+import _socket
+import _thread
 import os
-import signal
-import socket
 import sys
-import threading
+
+_CHUNK = 65536
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    """Copy ``src`` to ``dst`` until EOF or an error, then half-close ``dst``."""
+def _pipe(src, dst, done=None) -> None:
+    """Copy ``src`` to ``dst`` until EOF or an error, then half-close ``dst`` (and release ``done``)."""
     try:
         while True:
-            data = src.recv(65536)
+            data = src.recv(_CHUNK)
             if not data:
                 break
             dst.sendall(data)
@@ -33,37 +36,60 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
         pass
     finally:
         try:
-            dst.shutdown(socket.SHUT_WR)
+            dst.shutdown(_socket.SHUT_WR)
         except OSError:
             pass
+        if done is not None:
+            done.release()
 
 
-def _handle(client: socket.socket, sock_path: str) -> None:
-    up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _nodelay(sock) -> None:
+    """No Nagle on the TCP side: a response relayed in several pieces must not wait ~40 ms for the
+    client's delayed ACK before its last piece goes out."""
+    try:
+        sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+    except OSError:
+        pass
+
+
+def _handle(fd: int, sock_path: str) -> None:
+    client = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM, 0, fd)
+    _nodelay(client)
+    up = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         up.connect(sock_path)
     except OSError:
         up.close()
         client.close()
         return
-    back = threading.Thread(target=_pipe, args=(up, client), daemon=True)
-    back.start()
+    done = _thread.allocate_lock()
+    done.acquire()
+    _thread.start_new_thread(_pipe, (up, client, done))
     _pipe(client, up)
-    back.join()
+    done.acquire()  # the other direction finished
     client.close()
     up.close()
 
 
-def _serve(listener: socket.socket, sock_path: str) -> None:
+def _serve(listener, sock_path: str) -> None:
     while True:
         try:
-            client, _ = listener.accept()
+            fd, _ = listener._accept()
         except OSError:
             return
-        threading.Thread(target=_handle, args=(client, sock_path), daemon=True).start()
+        _thread.start_new_thread(_handle, (fd, sock_path))
 
 
-def _run(cmd: list[str]) -> int:
+def _listen(port: int):
+    listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+    _nodelay(listener)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(128)
+    return listener
+
+
+def _run(cmd: list) -> int:
     try:
         pid = os.posix_spawnp(cmd[0], cmd, os.environ)
     except FileNotFoundError:
@@ -72,14 +98,14 @@ def _run(cmd: list[str]) -> int:
     except OSError as e:
         print(f"relay: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
         return 126
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda s, _f: os.kill(pid, s))
+    for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(sig, lambda s, _f: os.kill(pid, s))
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     return code if code >= 0 else 128 - code
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list) -> int:
     if len(argv) < 2:
         print("usage: relay.py PORT SOCKET_PATH [-- CMD ARGS...]", file=sys.stderr)
         return 2
@@ -88,11 +114,11 @@ def main(argv: list[str]) -> int:
     if not os.path.exists(sock_path):
         print(f"relay: proxy socket {sock_path} does not exist", file=sys.stderr)
         return 2
-    listener = socket.create_server(("127.0.0.1", port), backlog=128)
+    listener = _listen(port)
     if not cmd:
         _serve(listener, sock_path)
         return 0
-    threading.Thread(target=_serve, args=(listener, sock_path), daemon=True).start()
+    _thread.start_new_thread(_serve, (listener, sock_path))
     return _run(cmd)
 
 

@@ -22,6 +22,10 @@ class MiniAdapter(HarnessAdapter):
         self.stream = stream
         self.command_timeout = command_timeout
 
+    def ro_paths(self) -> list[Path]:
+        """Only the agent file (stdlib-only): the rest of the project tree holds the tasks' answers."""
+        return [AGENT]
+
     def launch(self, task: Task, endpoint: Endpoint, *, home: str) -> LaunchSpec:
         instruction = f"{home}/.mini/instruction.txt"
         argv = [sys.executable, str(AGENT), "--base-url", endpoint.base_url, "--model", endpoint.model,

@@ -1,0 +1,200 @@
+"""The proxy's ASGI app: routes, per-request guards and the dialect-neutral handler.
+
+Routes: ``POST /ep/{token}/v1/chat/completions`` (OpenAI chat), ``/v1/messages`` (Anthropic Messages;
+``/v1/messages/count_tokens`` is a side route, see :data:`SIDE_ROUTES`), ``/v1/responses`` (OpenAI
+Responses), ``GET /ep/{token}/v1/models`` (and ``/models/{id}``), ``GET /healthz``. The invariants
+are :mod:`clawgym_env.proxy.server`'s (error shapes, episode-bound sockets, failures, bounds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from clawgym_env.errors import PolicyError, ProxyError
+from clawgym_env.proxy import anthropic_messages, openai_chat, openai_responses
+from clawgym_env.proxy.limits import ClientGone, check_prompt_size, parse_json, read_body
+from clawgym_env.proxy.listeners import EPISODE_STATE_KEY
+from clawgym_env.proxy.sessions import EpisodeSession, TurnMeta, redact_headers, run_turn
+from clawgym_env.redact import redact
+
+if TYPE_CHECKING:
+    from clawgym_env.proxy.server import ProxyServer
+
+log = logging.getLogger("clawgym.proxy")
+
+#: (path under ``/ep/{token}/v1``, dialect module). Later dialects add an entry here.
+DIALECT_ROUTES: list[tuple[str, ModuleType]] = [("/chat/completions", openai_chat),
+                                                ("/messages", anthropic_messages),
+                                                ("/responses", openai_responses)]
+#: (path under ``/ep/{token}/v1``, dialect module, function name): side calls answered from the body
+#: and the tokenizer alone, ``fn(body, tokenizer) -> dict``; no policy call and no record.
+SIDE_ROUTES: list[tuple[str, ModuleType, str]] = [("/messages/count_tokens", anthropic_messages, "count_tokens")]
+
+
+def _error(dialect: ModuleType, status: int, message: str, field: str | None = None,
+           code: str | None = None) -> JSONResponse:
+    return JSONResponse(dialect.error_body(status, redact(message), field, code), status_code=status)
+
+
+class ProxyApp:
+    """The ASGI app's state and handlers (one per :class:`ProxyServer`)."""
+
+    def __init__(self, server: "ProxyServer") -> None:
+        self.server = server
+        routes = [Route("/healthz", self.healthz, methods=["GET"]),
+                  Route("/ep/{token}/v1/models", self.models, methods=["GET"]),
+                  Route("/ep/{token}/v1/models/{model:path}", self.model, methods=["GET"])]
+        routes += [Route("/ep/{token}/v1" + path, self._endpoint(d), methods=["POST"]) for path, d in DIALECT_ROUTES]
+        routes += [Route("/ep/{token}/v1" + path, self._side_endpoint(d, fn), methods=["POST"])
+                   for path, d, fn in SIDE_ROUTES]
+        self.app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error,
+                                                                Exception: self._crash})
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        detail = {404: f"no route for {request.method} {request.url.path}",
+                  405: f"method {request.method} is not allowed on {request.url.path}"}.get(status, str(exc))
+        return _error(openai_chat, status, detail, code="not_found" if status == 404 else None)
+
+    async def _crash(self, request: Request, exc: Exception) -> Response:
+        log.error("internal proxy error on %s", request.url.path, exc_info=exc)
+        return _error(openai_chat, 500, f"internal proxy error ({type(exc).__name__}); see the proxy log")
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @staticmethod
+    def _bound_token(request: Request) -> str | None:
+        """The episode token of the socket the request came in on (None on shared listeners)."""
+        state = request.scope.get("state") or {}
+        return state.get(EPISODE_STATE_KEY)
+
+    def _session(self, request: Request) -> EpisodeSession:
+        token = request.path_params["token"]
+        bound = self._bound_token(request)
+        session = self.server.registry.get(token) if bound is None or bound == token else None
+        if session is None:
+            raise ProxyError("unknown or closed episode token in the base URL (/ep/<token>/v1)", status=404,
+                             code="episode_not_found")
+        request.state.clawgym_session = session
+        return session
+
+    async def models(self, request: Request) -> Response:
+        return await self._guard(openai_chat, self._models, request)
+
+    async def model(self, request: Request) -> Response:
+        return await self._guard(openai_chat, self._models, request)
+
+    async def _models(self, request: Request) -> Response:
+        self._session(request)
+        name, created = self.server.model_name, int(self.server.created)
+        wanted = request.path_params.get("model")
+        if wanted is None:
+            return JSONResponse(openai_chat.models_body(name, created))
+        if wanted != name:
+            raise ProxyError(f"model {wanted!r} is not served here; the served model is {name!r}", status=404,
+                             field="model", code="model_not_found")
+        return JSONResponse(openai_chat.model_body(name, created))
+
+    def _side_endpoint(self, dialect: ModuleType, fn_name: str) -> Callable:
+        async def endpoint(request: Request) -> Response:
+            return await self._guard(dialect, self._side, request, getattr(dialect, fn_name))
+        return endpoint
+
+    async def _side(self, request: Request, fn: Callable) -> Response:
+        self._session(request)
+        body = await self._read_json(request)
+        limits = self.server.limits  # side calls tokenise the whole body: the same bound first
+        check_prompt_size(body, None, limits.max_prompt_chars, limits.max_context)
+        executor = self.server._executor
+        if executor is None:
+            raise ProxyError("the proxy is shutting down", status=503, code="unavailable")
+        result = await asyncio.get_running_loop().run_in_executor(executor, fn, body, self.server.policy.tokenizer)
+        return JSONResponse(result)
+
+    def _endpoint(self, dialect: ModuleType) -> Callable:
+        async def endpoint(request: Request) -> Response:
+            return await self._guard(dialect, self._turn, request, dialect)
+        return endpoint
+
+    async def _guard(self, dialect: ModuleType, fn: Callable, request: Request, *args: Any) -> Response:
+        try:
+            return await fn(request, *args)
+        except ProxyError as exc:
+            status, message, field, code = exc.status, str(exc), exc.field, exc.code
+        except PolicyError as exc:
+            log.warning("policy failure: %s", redact(str(exc)), exc_info=exc.__cause__)
+            status, message, field, code = 502, f"the policy failed to generate: {exc}", None, "policy_error"
+        except ClientGone:
+            log.info("client disconnected mid-body on %s", request.url.path)
+            status, message, field, code = 400, "the client disconnected before the body was complete", "body", \
+                "client_disconnected"
+        except Exception as exc:  # noqa: BLE001 - the one place a bug becomes a JSON 500
+            log.error("internal proxy error", exc_info=exc)
+            status, message, field, code = (500, f"internal proxy error ({type(exc).__name__}); see the proxy log",
+                                            None, "internal_error")
+        self._note_failure(request, status, code, message)
+        return _error(dialect, status, message, field, code)
+
+    def _note_failure(self, request: Request, status: int, code: str | None, message: str) -> None:
+        """Keep a non-2xx answer on the session it belongs to: the socket's episode when the request came
+        in on an episode socket (never the episode a foreign token names), else the token's episode."""
+        session = getattr(request.state, "clawgym_session", None)
+        if session is None:
+            token = self._bound_token(request) or request.path_params.get("token")
+            session = self.server.registry.get(token) if token else None
+        if session is not None:
+            session.fail(status, code, message)
+
+    async def _turn(self, request: Request, dialect: ModuleType) -> Response:
+        started = time.time()
+        session = self._session(request)
+        body = await self._read_json(request)
+        treq = dialect.parse_request(body)
+        meta = TurnMeta(dialect=dialect.NAME, path=request.url.path, body=body,
+                        headers=redact_headers(request.headers), started_at=started)
+        executor = self.server._executor
+        if executor is None:
+            raise ProxyError("the proxy is shutting down", status=503, code="unavailable")
+        loop = asyncio.get_running_loop()
+        try:
+            fut = loop.run_in_executor(executor, run_turn, session, self.server.policy, treq, meta,
+                                       self.server.limits)
+        except RuntimeError as exc:  # executor shut down under us
+            raise ProxyError("the proxy is shutting down", status=503, code="unavailable") from exc
+        result = await fut
+        model = self.server.model_name
+        if not treq.stream:
+            return JSONResponse(dialect.render_response(result, model))
+        chunks = list(dialect.stream_response(result, model))
+
+        async def body_iter():
+            for c in chunks:
+                yield c
+
+        return StreamingResponse(body_iter(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _read_json(self, request: Request) -> Any:
+        ctype = request.headers.get("content-type")
+        if ctype is not None:
+            media = ctype.split(";")[0].strip().lower()
+            if media != "application/json" and not media.endswith("+json"):
+                raise ProxyError(f"the content-type must be application/json, got {ctype!r}", field="content-type")
+        s = self.server
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > s.max_body_bytes:
+            raise ProxyError(f"the request body is larger than the limit of {s.max_body_bytes} bytes "
+                             "(max_body_bytes)", status=413, field="body", code="request_too_large")
+        raw = await read_body(request, s.max_body_bytes, s.read_timeout_s)
+        return parse_json(raw, s.max_json_depth)

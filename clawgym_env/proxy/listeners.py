@@ -1,0 +1,160 @@
+"""The proxy's listening side: uvicorn with guarded connections, and one unix socket per episode.
+
+Invariants:
+  * Every accepted TCP connection has ``TCP_NODELAY`` set (asyncio sets it only for sockets created
+    with ``IPPROTO_TCP``; we set it on the listener and on each accepted connection), so a response
+    never waits for the client's delayed ACK.
+  * A connection that has no request in progress for ``idle_timeout_s`` — idle after connecting, idle
+    between keep-alive requests, or stalled half-way through its request line/headers — is closed,
+    however slowly it trickles bytes. (A stalled *body* is bounded by the per-read timeout of
+    :func:`clawgym_env.proxy.limits.read_body`.)
+  * An episode's listener passes ``{"clawgym_episode": token}`` as the ASGI ``state`` of every request
+    it accepts; the shared listeners pass no episode. The app uses it to accept only that episode's
+    token on that socket.
+  * Episode sockets live in the server's private 0700 folder, are root/owner-owned with mode 0666
+    (the sandbox's unprivileged uid must be able to connect; the folder keeps host users out, and the
+    sandbox gets the socket bind-mounted read-only, so it cannot chmod or remove it) and are unlinked
+    when their episode closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+log = logging.getLogger("clawgym.proxy")
+
+EPISODE_STATE_KEY = "clawgym_episode"
+
+
+def set_nodelay(sock: socket.socket | None) -> None:
+    """``TCP_NODELAY`` on a TCP socket; a no-op for unix sockets."""
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+
+
+def tcp_listener(host: str, port: int, backlog: int = 1024) -> socket.socket:
+    """A listening TCP socket created as ``IPPROTO_TCP`` (so asyncio treats it as TCP) with NODELAY."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    tcp = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        set_nodelay(tcp)
+        tcp.bind((host, port))
+        tcp.listen(backlog)
+    except BaseException:
+        tcp.close()
+        raise
+    return tcp
+
+
+def unix_listener(path: Path, mode: int = 0o666, backlog: int = 1024) -> socket.socket:
+    """A listening unix socket at ``path`` with ``mode`` (a stale socket there is replaced)."""
+    if path.is_socket():
+        path.unlink()
+    elif path.exists():
+        raise OSError(f"cannot create the unix socket at {path}: a non-socket file is there")
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        unix.bind(str(path))
+        os.chmod(path, mode)
+        unix.listen(backlog)
+    except BaseException:
+        unix.close()
+        raise
+    return unix
+
+
+class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's HTTP protocol plus NODELAY and the idle/stalled-connection watchdog (module doc)."""
+
+    idle_timeout_s: float = 30.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        set_nodelay(transport.get_extra_info("socket"))
+        self._seen_cycle: Any = None
+        self._idle_since = time.monotonic()
+        self._watch_handle = self.loop.call_later(self.idle_timeout_s, self._watch)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        handle = getattr(self, "_watch_handle", None)
+        if handle is not None:
+            handle.cancel()
+        super().connection_lost(exc)
+
+    def _watch(self) -> None:
+        if self.transport.is_closing():
+            return
+        now = time.monotonic()
+        cycle = self.cycle
+        busy = cycle is not None and not cycle.response_complete
+        if busy or cycle is not self._seen_cycle:
+            self._seen_cycle, self._idle_since = cycle, now
+        elif now - self._idle_since >= self.idle_timeout_s:
+            log.info("closing a connection with no request in progress for %.0fs (idle or stalled headers)",
+                     now - self._idle_since)
+            self.transport.close()
+            return
+        wait = max(0.05, self.idle_timeout_s - (now - self._idle_since))
+        self._watch_handle = self.loop.call_later(wait, self._watch)
+
+
+def guarded_protocol(idle_timeout_s: float) -> type:
+    """A :class:`GuardedProtocol` subclass with its own idle timeout."""
+    return type("GuardedProtocol", (GuardedProtocol,), {"idle_timeout_s": float(idle_timeout_s)})
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server that can add and remove per-episode listeners while it runs (thread safe)."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().startup(sockets=sockets)
+
+    def _factory(self, state: dict[str, Any]) -> Any:
+        config = self.config
+
+        def create_protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(config=config, server_state=self.server_state,  # type: ignore
+                                              app_state=dict(state))
+        return create_protocol
+
+    def add_listener(self, sock: socket.socket, state: dict[str, Any], timeout: float = 10.0) -> Any:
+        """Serve ``sock`` with ``state`` as every request's ASGI state; returns a handle for removal."""
+        if self.loop is None or not self.started:
+            raise RuntimeError("the proxy server is not running")
+
+        async def add() -> asyncio.base_events.Server:
+            srv = await self.loop.create_server(self._factory(state), sock=sock, backlog=self.config.backlog)
+            self.servers.append(srv)
+            return srv
+        return asyncio.run_coroutine_threadsafe(add(), self.loop).result(timeout)
+
+    def remove_listener(self, handle: Any, timeout: float = 10.0) -> None:
+        """Stop accepting on a listener added by :meth:`add_listener` (open connections finish)."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+
+        async def remove() -> None:
+            handle.close()
+            if handle in self.servers:
+                self.servers.remove(handle)
+        try:
+            asyncio.run_coroutine_threadsafe(remove(), loop).result(timeout)
+        except (RuntimeError, TimeoutError):  # the loop stopped meanwhile: it closed the listener itself
+            pass

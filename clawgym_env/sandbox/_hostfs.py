@@ -1,0 +1,242 @@
+"""Host-side files of the bwrap backend: private size-limited tmpfs mounts and read-only staging
+binds (when this process is root), and sanitizing copies into and out of them.
+
+Invariants:
+  * every mount made here is ``nosuid,nodev`` and sits under a folder that only the sandbox's host
+    uid (and root) can enter, so no other host user and no other sandbox can reach it;
+  * :func:`ensure_reaper` starts, once per process, a watcher in its own session that waits for this
+    process to end (however it ends, ``kill -9`` included) and then unmounts and removes what its
+    sandboxes still hold, so a killed driver leaves no mount and no tmpfs memory behind;
+    :func:`sweep_stale` removes, by pid, what a driver whose reaper did not run left;
+  * :func:`copy_tree` never follows a symlink of the source (links are copied as links), never
+    expands a hole of a sparse file, copies a hard-linked inode once (and links it again at the
+    destination), reads in 1 MiB chunks (bounded memory whatever the file sizes), skips special
+    files (fifos, sockets, devices), never creates a setuid/setgid/sticky entry and gives every entry
+    it creates the owner it is told to;
+  * :func:`strip_setid` removes the setuid/setgid bits of every entry under a folder (links not followed).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+import subprocess
+import threading
+from pathlib import Path
+
+from clawgym_env.tree_walk import remove_tree
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+_CHUNK = 1 << 20
+_libc = ctypes.CDLL(None, use_errno=True)
+_reaper_lock = threading.Lock()
+_reaper: dict[int, int] = {}  # pid of this process -> write end of the pipe its reaper waits on
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+
+
+def mount_tmpfs(mountpoint: Path, *, size_mb: int | None, uid: int, gid: int, mode: int) -> None:
+    """Mount a ``nosuid,nodev`` tmpfs of ``size_mb`` MiB (None: the kernel's default, half the RAM)
+    whose root folder belongs to (uid, gid) with ``mode`` on ``mountpoint`` (root only)."""
+    opts = f"mode={mode:o},uid={uid},gid={gid}" + (f",size={int(size_mb)}m" if size_mb is not None else "")
+    _check(_libc.mount(b"tmpfs", os.fsencode(mountpoint), b"tmpfs", ctypes.c_ulong(MS_NOSUID | MS_NODEV),
+                       opts.encode()), f"mount -t tmpfs -o {opts} on {mountpoint}")
+
+
+def make_private(mountpoint: Path) -> None:
+    """Give the mount on ``mountpoint`` private propagation, so mounts under it stay out of other
+    mount namespaces; one :func:`unmount_tree` then removes them all (root only)."""
+    _check(_libc.mount(None, os.fsencode(mountpoint), None, ctypes.c_ulong(MS_PRIVATE), None),
+           f"make {mountpoint} private")
+
+
+def bind_ro(src: Path, dst: Path) -> None:
+    """Bind ``src`` (and the mounts under it) read-only, ``nosuid,nodev`` on the existing ``dst``."""
+    _check(_libc.mount(os.fsencode(src), os.fsencode(dst), None, ctypes.c_ulong(MS_BIND | MS_REC), None),
+           f"bind {src} on {dst}")
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+    _check(_libc.mount(None, os.fsencode(dst), None, ctypes.c_ulong(flags), None), f"remount {dst} read-only")
+
+
+def unmount_tree(path: Path) -> None:
+    """Detach ``path`` and every mount under it (no error when nothing is mounted there)."""
+    _libc.umount2(os.fsencode(path), MNT_DETACH)
+
+
+def others_can_reach(path: Path) -> bool:
+    """Whether a user with no relation to the owners can look up ``path`` (every folder on the way,
+    symlinks resolved, carries the ``o+x`` bit)."""
+    p = Path(os.path.realpath(path))
+    for d in [*reversed(p.parents), p] if p.is_dir() else reversed(p.parents):
+        try:
+            if not os.stat(d).st_mode & 0o001:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def ensure_reaper(prefix: str) -> None:
+    """Start this process's reaper once (see the invariants); ``prefix`` starts its folders' names,
+    followed by this process's pid and ``-``."""
+    with _reaper_lock:
+        if os.getpid() in _reaper:
+            return
+        r, w = os.pipe()  # both ends non-inheritable: only the reaper gets ``r``, nothing else gets ``w``
+        script = (f'read _; grep -o " [^ ]*/{prefix}{os.getpid()}-[^ /]* " /proc/self/mountinfo | sort -u | '
+                  'while read m; do umount -l "$m"; rmdir "$m"; done')
+        try:
+            subprocess.Popen(["/bin/sh", "-c", script], stdin=r, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
+        finally:
+            os.close(r)
+        _reaper[os.getpid()] = w
+
+
+def sweep_stale(tmp_dir: Path, prefix: str) -> None:
+    """Unmount and delete ``tmp_dir/<prefix><pid>-*`` folders whose process ``pid`` is gone (killed
+    drivers leave their tmpfs mounts behind)."""
+    try:
+        names = [n for n in os.listdir(tmp_dir) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or os.path.exists(f"/proc/{pid}"):
+            continue
+        unmount_tree(tmp_dir / name)
+        discard(tmp_dir / name)
+
+
+def is_full(path: Path) -> bool:
+    """Whether the file system holding ``path`` has no block left for an unprivileged writer."""
+    try:
+        return os.statvfs(path).f_bavail == 0
+    except OSError:
+        return False
+
+
+def clear_dir(path: Path) -> None:
+    """Delete everything inside ``path`` (never following a link), keeping ``path`` itself."""
+    with os.scandir(path) as it:
+        for e in it:
+            if e.is_dir(follow_symlinks=False):
+                remove_tree(e.path)
+            else:
+                os.unlink(e.path)
+
+
+def copy_tree(src: Path, dst: Path, uid: int, gid: int) -> int:
+    """Copy the contents of folder ``src`` into the existing folder ``dst`` (see the invariants).
+
+    Returns how many entries were skipped (special files, or entries that could not be copied).
+    """
+    links: dict[tuple[int, int], str] = {}
+    skipped = 0
+    stack: list[tuple[str, str]] = [(str(src), str(dst))]
+    dir_modes: list[tuple[str, int]] = []
+    while stack:
+        s_dir, d_dir = stack.pop()
+        try:
+            entries = list(os.scandir(s_dir))
+        except OSError:
+            skipped += 1
+            continue
+        for e in entries:
+            s, d = e.path, os.path.join(d_dir, e.name)
+            try:
+                st = e.stat(follow_symlinks=False)
+                mode = stat.S_IMODE(st.st_mode) & 0o777
+                if stat.S_ISDIR(st.st_mode):
+                    os.mkdir(d, 0o700)
+                    os.chown(d, uid, gid)
+                    dir_modes.append((d, mode))
+                    stack.append((s, d))
+                elif stat.S_ISLNK(st.st_mode):
+                    os.symlink(os.readlink(s), d)
+                    os.lchown(d, uid, gid)
+                elif stat.S_ISREG(st.st_mode):
+                    key = (st.st_dev, st.st_ino)
+                    if st.st_nlink > 1 and key in links:
+                        os.link(links[key], d, follow_symlinks=False)
+                        continue
+                    _copy_file(s, d, st.st_size, mode, uid, gid)
+                    if st.st_nlink > 1:
+                        links[key] = d
+                else:
+                    skipped += 1
+            except OSError:
+                skipped += 1
+    for d, mode in reversed(dir_modes):  # children first, so a read-only parent does not block them
+        os.chmod(d, mode, follow_symlinks=False)
+    return skipped
+
+
+def _copy_file(s: str, d: str, size: int, mode: int, uid: int, gid: int) -> None:
+    fi = os.open(s, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fo = os.open(d, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            pos = 0
+            while pos < size:
+                try:
+                    start = os.lseek(fi, pos, os.SEEK_DATA)
+                except OSError as e:
+                    if e.errno == errno.ENXIO:  # only a hole is left
+                        break
+                    raise
+                end = os.lseek(fi, start, os.SEEK_HOLE)
+                os.lseek(fi, start, os.SEEK_SET)
+                os.lseek(fo, start, os.SEEK_SET)
+                left = end - start
+                while left > 0:
+                    chunk = os.read(fi, min(left, _CHUNK))
+                    if not chunk:
+                        break
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fo, view):]
+                    left -= len(chunk)
+                pos = end
+            os.ftruncate(fo, size)
+            os.fchown(fo, uid, gid)
+            os.fchmod(fo, mode)
+        finally:
+            os.close(fo)
+    finally:
+        os.close(fi)
+
+
+def strip_setid(path: Path) -> None:
+    """Clear the setuid and setgid bits of every file and folder under ``path`` (links not followed;
+    iterative, so an agent's 1,200-deep tree is fine)."""
+    stack = [os.fspath(path)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+                if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                    os.chmod(e.path, stat.S_IMODE(st.st_mode) & 0o1777, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(e.path)
+            except OSError:
+                continue
+
+
+def discard(path: str | Path) -> None:
+    """Best-effort delete of a tree that may be deep or hold odd modes (never raises)."""
+    try:
+        remove_tree(path)
+    except OSError:
+        pass
