@@ -180,9 +180,11 @@ def snapshot(root: str | Path) -> dict[str, Entry]:
 
     Files are fingerprinted by streaming their data segments (no file is read whole, holes are not
     read); links are not followed; special files are listed, never opened; folders are not listed
-    (only what is in them). A missing ``root`` snapshots as empty.
+    (only what is in them); a file hard-linked many times is read once. A missing ``root`` snapshots
+    as empty.
     """
     out: dict[str, Entry] = {}
+    seen: dict[tuple[int, int], str] = {}  # (device, inode) of a multiply linked file -> its digest
     try:
         root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
@@ -213,6 +215,9 @@ def snapshot(root: str | Path) -> dict[str, Entry]:
                 tree.push(name, child)
                 frames.append(names(child))
             elif what == "file":
+                if st.st_nlink > 1 and (st.st_dev, st.st_ino) in seen:
+                    out[display_path(rel)] = Entry("file", st.st_size, seen[(st.st_dev, st.st_ino)])
+                    continue
                 fd = open_regular(dfd, name, st)
                 digest = "unreadable"
                 if fd is not None:
@@ -221,6 +226,8 @@ def snapshot(root: str | Path) -> dict[str, Entry]:
                     finally:
                         os.close(fd)
                 out[display_path(rel)] = Entry("file", st.st_size, digest)
+                if st.st_nlink > 1 and fd is not None:
+                    seen[(st.st_dev, st.st_ino)] = digest
             elif what == "symlink":
                 target = os.readlink(name, dir_fd=dfd)
                 out[display_path(rel)] = Entry("symlink", len(target), hashlib.sha256(target).hexdigest())
@@ -282,3 +289,22 @@ def remove_tree(path: str | Path, *, one_file_system: bool = True) -> None:
         tree.close()
         os.close(root_fd)
     os.rmdir(path)
+
+
+def chown_tree(top: str | Path, uid: int, gid: int) -> None:
+    """``lchown`` ``top`` and everything below it to ``uid:gid``, never following a link and without
+    recursion (an agent's 1,200-deep tree is fine); entries that vanish meanwhile are skipped."""
+    os.chown(top, uid, gid, follow_symlinks=False)
+    stack = [os.fspath(top)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                os.chown(e.path, uid, gid, follow_symlinks=False)
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+            except OSError:
+                continue

@@ -10,7 +10,8 @@ download, so both are hostile input. :func:`copy_tree` and :func:`snapshot` hold
     to an already opened parent directory, so a link swapped in for a folder is never entered;
   * regular files are streamed in chunks of :data:`CHUNK` bytes and only their data segments are
     read and written (``SEEK_DATA``/``SEEK_HOLE``): a 3 GiB sparse file costs no memory and stays
-    sparse; no file is ever read whole into memory;
+    sparse; no file is ever read whole into memory; a file hard-linked N times is copied once and
+    linked N - 1 times (a 1 GiB file linked 1,000 times stays 1 GiB, not 1 TB);
   * fifos, sockets and device nodes are never opened: they are skipped and listed;
   * setuid, setgid and sticky bits are stripped from every copied file and folder;
   * names are handled as bytes (a non-UTF-8 name is fine) and shown with
@@ -45,6 +46,8 @@ class CopyReport:
     files: int = 0
     dirs: int = 0
     links: int = 0
+    hard_links: int = 0
+    """Entries made as hard links to an earlier copy of the same source inode."""
     bytes_copied: int = 0
     """Data bytes written (holes are not counted)."""
     skipped: list[tuple[str, str]] = field(default_factory=list)
@@ -73,8 +76,10 @@ def _resolve_inside(root_real: bytes, src_dir_real: bytes, target: bytes) -> tup
 
 
 class _Copier:
-    def __init__(self, report: CopyReport, max_bytes: int | None) -> None:
-        self.report, self.max_bytes = report, max_bytes
+    def __init__(self, report: CopyReport, max_bytes: int | None, dst: bytes) -> None:
+        self.report, self.max_bytes, self.dst = report, max_bytes, dst
+        self.linked: dict[tuple[int, int], bytes] = {}
+        """(device, inode) of a multiply linked source file -> where its first copy went (absolute)."""
 
     def _count(self, n: int) -> None:
         self.report.bytes_copied += n
@@ -83,13 +88,22 @@ class _Copier:
                 f"copy exceeds its limit of {self.max_bytes} bytes of file data; remove large files or raise "
                 "the limit", report=self.report)
 
-    def file(self, src_fd: int, st: os.stat_result, dst_dir: int, name: bytes, rel: bytes) -> None:
+    def file(self, src_fd: int, st: os.stat_result, dst_dir: int, name: bytes, rel: bytes, *,
+             hard_links: bool = True) -> None:
         try:
             os.unlink(name, dir_fd=dst_dir)
         except FileNotFoundError:
             pass
         except IsADirectoryError:
             raise WorkspaceError(f"cannot copy file {display_path(rel)!r} over an existing folder") from None
+        key = (st.st_dev, st.st_ino)
+        if hard_links and st.st_nlink > 1 and key in self.linked:  # the same inode again: link, not copy
+            try:
+                os.link(self.linked[key], name, dst_dir_fd=dst_dir, follow_symlinks=False)
+                self.report.hard_links += 1
+                return
+            except OSError:
+                pass  # e.g. the first copy was replaced meanwhile: copy the data after all
         mode = st.st_mode & PERM
         if st.st_mode & ~PERM & 0o7777:
             self.report.stripped_modes.append(display_path(rel))
@@ -110,6 +124,8 @@ class _Copier:
         finally:
             os.close(out)
         self.report.files += 1
+        if hard_links and st.st_nlink > 1:
+            self.linked[key] = os.path.join(self.dst, rel)
 
 
 def copy_tree(src: str | Path, dst: str | Path, *, links_inside: str | Path | None = None,
@@ -119,7 +135,7 @@ def copy_tree(src: str | Path, dst: str | Path, *, links_inside: str | Path | No
     nothing below it is. Raises :class:`CopyLimitError` past ``max_bytes`` and
     :class:`WorkspaceError` when ``src`` is not a folder."""
     report = CopyReport()
-    copier = _Copier(report, max_bytes)
+    copier = _Copier(report, max_bytes, os.fsencode(os.path.abspath(dst)))
     try:
         src_root = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
@@ -189,7 +205,7 @@ def copy_tree(src: str | Path, dst: str | Path, *, links_inside: str | Path | No
                     continue
                 fd = os.open(full, FILE_FLAGS)
                 try:
-                    copier.file(fd, os.fstat(fd), d_tree.fd(), name, rel)
+                    copier.file(fd, os.fstat(fd), d_tree.fd(), name, rel, hard_links=False)
                 finally:
                     os.close(fd)
                 report.materialised.append(display_path(rel))

@@ -44,6 +44,7 @@ from typing import Any
 
 from clawgym_env.errors import SandboxError
 from clawgym_env.sandbox.base import SandboxLimits
+from clawgym_env.tree_walk import chown_tree
 from clawgym_env.workspace_files import copy_tree, remove_tree
 
 IMAGE = "clawgym/hostroot:1"
@@ -106,17 +107,6 @@ class Place:
         if self.mounted:
             _sys("umount2")(os.fsencode(self.path), MNT_DETACH)
             self.mounted = False
-
-
-def chown_tree(top: str, uid: int, gid: int) -> None:
-    """``lchown`` ``top`` and everything below it, never following a link."""
-    os.chown(top, uid, gid)
-    for _root, dirs, files, dfd in os.fwalk(top, follow_symlinks=False):
-        for name in dirs + files:
-            try:
-                os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
-            except OSError:
-                pass
 
 
 def stage_in(src: str, place: Place, uid: int, gid: int) -> None:

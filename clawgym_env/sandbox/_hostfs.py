@@ -8,29 +8,26 @@ Invariants:
     process to end (however it ends, ``kill -9`` included) and then unmounts and removes what its
     sandboxes still hold, so a killed driver leaves no mount and no tmpfs memory behind;
     :func:`sweep_stale` removes, by pid, what a driver whose reaper did not run left;
-  * :func:`copy_tree` never follows a symlink of the source (links are copied as links), never
-    expands a hole of a sparse file, copies a hard-linked inode once (and links it again at the
-    destination), reads in 1 MiB chunks (bounded memory whatever the file sizes), skips special
-    files (fifos, sockets, devices), never creates a setuid/setgid/sticky entry and gives every entry
-    it creates the owner it is told to;
+  * :func:`copy_owned` is :func:`clawgym_env.workspace_files.copy_tree` (links never followed,
+    holes and hard links kept, bounded memory, special files skipped, no setuid/setgid/sticky entry)
+    plus the owner it is told to, for every entry;
   * :func:`strip_setid` removes the setuid/setgid bits of every entry under a folder (links not followed).
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import stat
 import subprocess
 import threading
 from pathlib import Path
 
-from clawgym_env.tree_walk import remove_tree
+from clawgym_env.tree_walk import chown_tree, remove_tree
+from clawgym_env.workspace_files import copy_tree
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-_CHUNK = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
 _reaper_lock = threading.Lock()
 _reaper: dict[int, int] = {}  # pid of this process -> write end of the pipe its reaper waits on
@@ -133,85 +130,14 @@ def clear_dir(path: Path) -> None:
                 os.unlink(e.path)
 
 
-def copy_tree(src: Path, dst: Path, uid: int, gid: int) -> int:
-    """Copy the contents of folder ``src`` into the existing folder ``dst`` (see the invariants).
-
-    Returns how many entries were skipped (special files, or entries that could not be copied).
-    """
-    links: dict[tuple[int, int], str] = {}
-    skipped = 0
-    stack: list[tuple[str, str]] = [(str(src), str(dst))]
-    dir_modes: list[tuple[str, int]] = []
-    while stack:
-        s_dir, d_dir = stack.pop()
-        try:
-            entries = list(os.scandir(s_dir))
-        except OSError:
-            skipped += 1
-            continue
-        for e in entries:
-            s, d = e.path, os.path.join(d_dir, e.name)
-            try:
-                st = e.stat(follow_symlinks=False)
-                mode = stat.S_IMODE(st.st_mode) & 0o777
-                if stat.S_ISDIR(st.st_mode):
-                    os.mkdir(d, 0o700)
-                    os.chown(d, uid, gid)
-                    dir_modes.append((d, mode))
-                    stack.append((s, d))
-                elif stat.S_ISLNK(st.st_mode):
-                    os.symlink(os.readlink(s), d)
-                    os.lchown(d, uid, gid)
-                elif stat.S_ISREG(st.st_mode):
-                    key = (st.st_dev, st.st_ino)
-                    if st.st_nlink > 1 and key in links:
-                        os.link(links[key], d, follow_symlinks=False)
-                        continue
-                    _copy_file(s, d, st.st_size, mode, uid, gid)
-                    if st.st_nlink > 1:
-                        links[key] = d
-                else:
-                    skipped += 1
-            except OSError:
-                skipped += 1
-    for d, mode in reversed(dir_modes):  # children first, so a read-only parent does not block them
-        os.chmod(d, mode, follow_symlinks=False)
-    return skipped
-
-
-def _copy_file(s: str, d: str, size: int, mode: int, uid: int, gid: int) -> None:
-    fi = os.open(s, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        fo = os.open(d, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            pos = 0
-            while pos < size:
-                try:
-                    start = os.lseek(fi, pos, os.SEEK_DATA)
-                except OSError as e:
-                    if e.errno == errno.ENXIO:  # only a hole is left
-                        break
-                    raise
-                end = os.lseek(fi, start, os.SEEK_HOLE)
-                os.lseek(fi, start, os.SEEK_SET)
-                os.lseek(fo, start, os.SEEK_SET)
-                left = end - start
-                while left > 0:
-                    chunk = os.read(fi, min(left, _CHUNK))
-                    if not chunk:
-                        break
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(fo, view):]
-                    left -= len(chunk)
-                pos = end
-            os.ftruncate(fo, size)
-            os.fchown(fo, uid, gid)
-            os.fchmod(fo, mode)
-        finally:
-            os.close(fo)
-    finally:
-        os.close(fi)
+def copy_owned(src: Path, dst: Path, uid: int, gid: int) -> int:
+    """Copy the contents of folder ``src`` into the existing folder ``dst`` with
+    :func:`clawgym_env.workspace_files.copy_tree` (links as links, holes and hard links kept, special
+    files skipped, setuid/setgid/sticky bits dropped, bounded memory), then give every entry to
+    ``uid:gid``. Returns how many entries were skipped."""
+    report = copy_tree(src, dst)
+    chown_tree(dst, uid, gid)
+    return len(report.skipped)
 
 
 def strip_setid(path: Path) -> None:

@@ -194,7 +194,7 @@ class BwrapSandbox(MountTableFiles, Sandbox):
         for place, mode in (("home", 0o700), ("tmp", 0o1777), ("ws", st.st_mode & 0o777 | 0o700)):
             _hostfs.mount_tmpfs(root / place, size_mb=disk, uid=uid, gid=gid, mode=mode)
         self._places["workspace"] = root / "ws"
-        _hostfs.copy_tree(ws, root / "ws", uid, gid)
+        _hostfs.copy_owned(ws, root / "ws", uid, gid)
 
     def _note_disk_limit(self) -> None:
         disk = self.spec.limits.disk_mb
@@ -234,7 +234,7 @@ class BwrapSandbox(MountTableFiles, Sandbox):
             return
         try:
             _hostfs.clear_dir(ws)
-            _hostfs.copy_tree(self._places["workspace"], ws, *self._ws_owner)
+            _hostfs.copy_owned(self._places["workspace"], ws, *self._ws_owner)
         except OSError as e:
             raise SandboxError(f"could not copy the final workspace back to {ws}: {e}") from e
 

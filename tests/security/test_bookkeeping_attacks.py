@@ -259,3 +259,22 @@ def test_failure_classification_rules():
     client = CallFailure(status=400, code="invalid_request_error", message="bad", boundary="client", at=10.0)
     agents = classify_run(returncode=1, timed_out=False, final_message=None, num_calls=2, call_failures=[client])
     assert (agents.status, agents.boundary) == ("harness_error", "harness")
+
+
+def test_a_hard_link_bomb_is_copied_and_fingerprinted_once(tmp_path):
+    """One 32 MiB file hard-linked 500 times (16 GB if expanded): every copy of the workspace (grading,
+    copy-back, kept workspaces) keeps the links, so it costs 32 MiB; the snapshot reads the data once."""
+    src = tmp_path / "ws"
+    (src / "d").mkdir(parents=True)
+    first = src / "big.bin"
+    with open(first, "wb") as f:
+        for _ in range(32):
+            f.write(os.urandom(1 << 20))
+    for i in range(500):
+        os.link(first, src / "d" / f"link{i}")
+    report = copy_tree(src, tmp_path / "copy", max_bytes=64 << 20)  # expanded, this raises CopyLimitError
+    assert report.bytes_copied == 32 << 20 and report.hard_links == 500
+    st = (tmp_path / "copy" / "big.bin").stat()
+    assert st.st_nlink == 501 and (tmp_path / "copy" / "d" / "link7").stat().st_ino == st.st_ino
+    snap = snapshot(src)
+    assert len(snap) == 501 and len({e.digest for e in snap.values()}) == 1
