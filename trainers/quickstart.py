@@ -187,6 +187,7 @@ def run(cfg: Config, echo=print) -> dict[str, Any]:
                         "summary": str(_plot(report, Path(rl_summary["metrics"]), out) or "")}
     verdict = _verdict(ev["after_sft"], ev["after_rl"])
     report["verdict"] = verdict
+    report["measures"] = WHAT_IT_MEASURES
     (out / "quickstart.json").write_text(json.dumps(report, indent=2, default=str))
     echo("")
     echo("== quickstart: held-out pass rate (count_errors, mini harness, "
@@ -194,9 +195,15 @@ def run(cfg: Config, echo=print) -> dict[str, Any]:
     for key, label in (("before_sft", "before SFT"), ("after_sft", "after SFT "), ("after_rl", "after RL  ")):
         echo(f"   {label}: {_rate(ev[key])}")
     echo(f"   {verdict}")
+    echo(f"   {WHAT_IT_MEASURES}")
     echo(f"   curves: {report['curves']['summary']}, {report['curves']['sft']}, {report['curves']['rl']}")
     echo(f"   wall time {times['total_s'] / 60:.1f} min; report {out / 'quickstart.json'}")
     return report
+
+
+WHAT_IT_MEASURES = ("What this measures: held-out tasks have their own logs and answers, but the same instruction "
+                    "and the same solution procedure as the training tasks, so the rate measures how reliably the "
+                    "learned procedure runs under sampling on unseen inputs, not generalisation to new instructions.")
 
 
 def _verdict(sft_ev: dict[str, Any], rl_ev: dict[str, Any]) -> str:
