@@ -291,10 +291,9 @@ def remove_tree(path: str | Path, *, one_file_system: bool = True) -> None:
     os.rmdir(path)
 
 
-def chown_tree(top: str | Path, uid: int, gid: int) -> None:
-    """``lchown`` ``top`` and everything below it to ``uid:gid``, never following a link and without
-    recursion (an agent's 1,200-deep tree is fine); entries that vanish meanwhile are skipped."""
-    os.chown(top, uid, gid, follow_symlinks=False)
+def iter_entries(top: str | Path):
+    """Every entry under ``top`` as an :class:`os.DirEntry`, depth first, without recursion and
+    without following links (an agent's 1,200-deep tree is fine); unreadable folders are skipped."""
     stack = [os.fspath(top)]
     while stack:
         try:
@@ -302,9 +301,20 @@ def chown_tree(top: str | Path, uid: int, gid: int) -> None:
         except OSError:
             continue
         for e in entries:
+            yield e
             try:
-                os.chown(e.path, uid, gid, follow_symlinks=False)
                 if e.is_dir(follow_symlinks=False):
                     stack.append(e.path)
             except OSError:
                 continue
+
+
+def chown_tree(top: str | Path, uid: int, gid: int) -> None:
+    """``lchown`` ``top`` and everything below it to ``uid:gid`` (never following a link; entries that
+    vanish meanwhile are skipped)."""
+    os.chown(top, uid, gid, follow_symlinks=False)
+    for e in iter_entries(top):
+        try:
+            os.chown(e.path, uid, gid, follow_symlinks=False)
+        except OSError:
+            continue

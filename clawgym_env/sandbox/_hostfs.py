@@ -23,7 +23,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from clawgym_env.tree_walk import chown_tree, remove_tree
+from clawgym_env.tree_walk import chown_tree, iter_entries, remove_tree
 from clawgym_env.workspace_files import copy_tree
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
@@ -143,21 +143,13 @@ def copy_owned(src: Path, dst: Path, uid: int, gid: int) -> int:
 def strip_setid(path: Path) -> None:
     """Clear the setuid and setgid bits of every file and folder under ``path`` (links not followed;
     iterative, so an agent's 1,200-deep tree is fine)."""
-    stack = [os.fspath(path)]
-    while stack:
+    for e in iter_entries(path):
         try:
-            entries = list(os.scandir(stack.pop()))
+            st = e.stat(follow_symlinks=False)
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                os.chmod(e.path, stat.S_IMODE(st.st_mode) & 0o1777, follow_symlinks=False)
         except OSError:
             continue
-        for e in entries:
-            try:
-                st = e.stat(follow_symlinks=False)
-                if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
-                    os.chmod(e.path, stat.S_IMODE(st.st_mode) & 0o1777, follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(e.path)
-            except OSError:
-                continue
 
 
 def discard(path: str | Path) -> None:
