@@ -74,7 +74,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     out = work / "results.jsonl"
     episodes = work / "results-episodes"
-    argv = [sys.executable, "-m", "clawgym_env.cli", "eval", "--suite", "builtin", "--harness", "mini",
+    argv = [sys.executable, "-m", "clawgym_cli", "eval", "--suite", "builtin", "--harness", "mini",
             "--policy", "scripted:expert", "--samples", str(args.samples), "--concurrency", str(args.concurrency),
             "--limit", str(args.limit), "--out", str(out), "--no-progress"]
     total = args.limit * args.samples

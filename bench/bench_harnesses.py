@@ -16,13 +16,13 @@ import tempfile
 
 from clawgym_env.runtime import Runtime
 from harness_adapters.install import install_info
-from harness_adapters.registry import get_adapter, list_harnesses
+from clawgym_env.plugins import harnesses, make_harness
 from tasks import resolve_task
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--harness", nargs="*", default=list_harnesses())
+    ap.add_argument("--harness", nargs="*", default=harnesses.names())
     ap.add_argument("--task", default="builtin/csv_total")
     ap.add_argument("-n", type=int, default=3)
     ap.add_argument("--cache-dir")
@@ -32,7 +32,7 @@ def main() -> None:
     rows = []
     with Runtime("scripted:expert", out_dir=tempfile.mkdtemp(prefix="clawgym-bench-")) as rt:
         for name in args.harness:
-            adapter = get_adapter(name)
+            adapter = make_harness(name)
             package = getattr(adapter, "package", None)
             if package is not None and args.reinstall:
                 from harness_adapters.install import npm_install

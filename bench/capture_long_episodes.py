@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from clawgym_env.runtime import RolloutPool, Runtime
-from harness_adapters.registry import get_adapter
+from clawgym_env.plugins import make_harness
 from tasks import resolve_task
 
 
@@ -44,7 +44,7 @@ def main() -> None:
     args = ap.parse_args()
     script = Path(tempfile.mkdtemp(prefix="clawgym-long-")) / "script.json"
     script.write_text(json.dumps(long_script(args.steps)))
-    adapter = get_adapter(args.harness)
+    adapter = make_harness(args.harness)
     adapter.install()
     task = resolve_task(args.task)
     with Runtime(f"scripted:file:{script}", out_dir=args.out) as rt:

@@ -25,22 +25,21 @@ import numpy as np
 
 from clawgym_env import spaces as cg_spaces
 from clawgym_env.errors import TaskError
+from clawgym_env.plugins import load_suite, make_harness
 from clawgym_env.policy import PolicyBackend
 from clawgym_env.runtime import Runtime
+from clawgym_env.task import Suite, Task
 
 
 class ClawGymEnv(gym.Env):
     metadata = {"render_modes": []}
 
-    def __init__(self, harness: str = "mini", policy: PolicyBackend | str = "scripted:expert", suite: str = "builtin",
+    def __init__(self, harness: str = "mini", policy: PolicyBackend | str = "scripted:expert", suite: str | Suite = "builtin",
                  *, runtime: Runtime | None = None, sandbox: str = "bwrap", out_dir: str | Path | None = None,
                  harness_options: dict[str, Any] | None = None, task_ids: list[str] | None = None,
                  judge: Any = None) -> None:
-        from harness_adapters.registry import get_adapter
-        from tasks import load_suite
-
-        self.adapter = get_adapter(harness, **(harness_options or {}))
-        self.suite = load_suite(suite)
+        self.adapter = make_harness(harness, **(harness_options or {}))
+        self.suite = suite if isinstance(suite, Suite) else load_suite(suite)
         tasks = list(self.suite.tasks)
         if task_ids:
             tasks = [self.suite.get(t) for t in task_ids]
@@ -53,7 +52,7 @@ class ClawGymEnv(gym.Env):
         vocab = int(getattr(self.runtime.policy, "vocab_size", 0) or len(self.runtime.policy.tokenizer))
         self.observation_space = cg_spaces.observation_space(vocab)
         self.action_space = cg_spaces.action_space()
-        self._task = None
+        self._task: Task | None = None
         self.last_result = None
 
     def _obs(self, task, result=None) -> dict[str, Any]:

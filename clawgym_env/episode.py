@@ -36,8 +36,8 @@ from clawgym_env.failures import Verdict, classify_run, internal_failure, sandbo
 from clawgym_env.grading import grade_episode
 from clawgym_env.sandbox import SandboxSpec, get_backend, host_toolchain_paths
 from clawgym_env.workspace_files import Entry, copy_tree, remove_tree, snapshot
-from harness_adapters.base import Endpoint, HarnessAdapter
-from tasks.base import Task
+from clawgym_env.harness import Endpoint, HarnessAdapter
+from clawgym_env.task import Task
 
 log = logging.getLogger(__name__)
 LOG_TAIL = 8000

@@ -4,11 +4,11 @@ Every path that produces a reward — ``env.step``, a trainer's rollouts, ``claw
 through :func:`run_episode <clawgym_env.episode.run_episode>`, which calls :func:`grade_episode`
 on the final workspace. So training and evaluation read the same ``record.reward``.
 
-The engine defines only the seam's types; a task supplies its grader through a ``grader``
-attribute (:class:`tasks.base.Task` builds it from the task's kind: the hermetic ``reward.sh``
-script, the ClawGym-Bench hybrid of script and rubric judge, or the JobBench rubric judge). A task
-without one is graded by :class:`clawgym_env.reward.ScriptGrader`. The engine never imports
-``tasks``.
+The engine defines the seam's types and one grader, the hermetic ``reward.sh`` script
+(:class:`clawgym_env.reward.ScriptGrader`); a task names its grader in ``Task.grader`` and the
+engine finds it in :data:`clawgym_env.plugins.graders` (the ``tasks`` package registers the
+ClawGym-Bench hybrid of script and rubric judge as ``hybrid`` and the JobBench rubric judge as
+``jobbench``). The engine never imports ``tasks``.
 
 Invariants:
   * a :class:`GradeResult`'s ``status`` is ``ok`` (``reward`` is the task's score in [0, 1]),
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from clawgym_env.errors import ClawGymError, SandboxError
+from clawgym_env.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class GradeContext:
     """What a grader may look at: the task, its final workspace (a host folder a grader must leave
     untouched), the agent's final message and transcript, the sandbox backend and the judge."""
 
-    task: Any
+    task: Task
     workspace: Path
     final_message: str | None = None
     transcript: list[Any] | None = None
@@ -83,24 +84,25 @@ class Grader(Protocol):
     def grade(self, ctx: GradeContext) -> GradeResult: ...
 
 
-def grader_of(task: Any) -> Grader:
-    """The task's own grader (its ``grader`` attribute) or the hermetic ``reward.sh`` grader."""
-    grader = getattr(task, "grader", None)
-    if grader is None:
-        from clawgym_env.reward import ScriptGrader
+def grader_of(task: Task) -> Grader:
+    """The grader registered under the task's ``grader`` name (:data:`clawgym_env.plugins.graders`).
 
-        return ScriptGrader()
+    Raises :class:`~clawgym_env.errors.RegistrationError` for an unknown name and ``TypeError`` for a
+    registered object that is not a :class:`Grader`."""
+    from clawgym_env.plugins import graders
+
+    grader = graders.create(task.grader)
     if not isinstance(grader, Grader):
-        raise TypeError(f"task {getattr(task, 'id', '?')}: its grader {grader!r} has no name/needs_judge/grade()")
+        raise TypeError(f"task {task.id}: grader {task.grader!r} ({grader!r}) has no name/needs_judge/grade()")
     return grader
 
 
-def needs_judge(task: Any) -> bool:
+def needs_judge(task: Task) -> bool:
     """Whether grading ``task`` calls an LLM judge (so a caller can build one up front)."""
     return bool(grader_of(task).needs_judge)
 
 
-def grade_episode(task: Any, workspace: str | Path, *, final_message: str | None = None,
+def grade_episode(task: Task, workspace: str | Path, *, final_message: str | None = None,
                   transcript: list[Any] | None = None, sandbox: str = "bwrap", judge: Any = None) -> GradeResult:
     """Grade a finished episode with the task's grader (see the module doc for the invariants)."""
     grader = grader_of(task)

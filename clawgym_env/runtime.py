@@ -22,8 +22,8 @@ from clawgym_env.capture.records import EpisodeRecord
 from clawgym_env.episode import EpisodeResult, run_episode
 from clawgym_env.failures import exception_failure
 from clawgym_env.policy import PolicyBackend
-from harness_adapters.base import HarnessAdapter
-from tasks.base import Task
+from clawgym_env.harness import HarnessAdapter
+from clawgym_env.task import Task
 
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class RolloutPool:
     """Run many episodes concurrently against one runtime (threads; each episode is its own sandbox).
 
     >>> with Runtime("scripted:expert") as rt:
-    ...     results = RolloutPool(rt, concurrency=4).run(tasks, get_adapter("mini"))
+    ...     results = RolloutPool(rt, concurrency=4).run(tasks, make_harness("mini"))
     """
 
     def __init__(self, runtime: Runtime, concurrency: int = 4, progress: bool = True) -> None:

@@ -252,10 +252,10 @@ def check_harness(harness: str, *, task: str = DEFAULT_PROBE_TASK, policy: str =
                   sandbox: str = "bwrap", out_dir: str | None = None, **adapter_options: Any) -> ConformanceReport:
     """Install (if needed) and probe ``harness`` with one episode; return the report."""
     from clawgym_env.runtime import Runtime
-    from harness_adapters.registry import get_adapter
+    from clawgym_env.plugins import make_harness
     from tasks import resolve_task
 
-    adapter = get_adapter(harness, **adapter_options)
+    adapter = make_harness(harness, **adapter_options)
     adapter.install()
     with Runtime(policy, sandbox=sandbox, out_dir=out_dir) as rt:
         result = rt.run(resolve_task(task), adapter, trace_network=True)

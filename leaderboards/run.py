@@ -225,9 +225,9 @@ def run_eval(suite: str | Path, *, harness: str, policy: Any, out: str | Path, s
     """Evaluate; see the module doc. ``policy``: a spec string (also the rows' ``policy``) or a backend."""
     if samples < 1 or concurrency < 1 or retries < 0:
         raise TaskError("samples and concurrency must be >= 1 and retries >= 0")
-    from harness_adapters.registry import get_adapter
+    from clawgym_env.plugins import make_harness
 
-    adapter = adapter or get_adapter(harness)
+    adapter = adapter or make_harness(harness)
     st = load_eval_suite(suite, data)
     if st.issues:
         log.warning("suite %s: %d load issue(s), e.g. %s: %s (-v lists them)", st.name, len(st.issues),

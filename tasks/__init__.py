@@ -11,7 +11,7 @@ OfficeQA: :func:`load_officeqa` (scorer: :func:`tasks.officeqa.score_answer`); C
 :func:`load_clawgym_bench`, :func:`score_hybrid` (0.7 code + 0.3 rubric, see :mod:`tasks.hybrid`).
 """
 
-from tasks.base import Suite, Task, TaskLimits, TaskLoadIssue
+from clawgym_env.task import Suite, Task, TaskLimits, TaskLoadIssue
 from tasks.clawgym_bench import load_clawgym_bench, score_hybrid
 from tasks.jobbench import JobBenchTask, jobbench_leaderboard_score, load_jobbench, score_jobbench
 from tasks.judge import JudgeClient

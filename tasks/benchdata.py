@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import TaskError
-from tasks.base import Suite, Task
+from clawgym_env.task import Suite, Task
 
 SUITES = {"officeqa": ("officeqa", "full"), "officeqa-pro": ("officeqa", "pro"),
           "clawgym-bench": ("clawgym-bench", None)}

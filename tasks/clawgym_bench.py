@@ -1,6 +1,6 @@
 """ClawGym-Bench (RUC-AIBOX): 200 workspace tasks, 156 code-verified and 44 hybrid, as one suite.
 
-Two forms of the same data load into the same :class:`~tasks.base.Task`:
+Two forms of the same data load into the same :class:`~clawgym_env.task.Task`:
 
 * **task dirs** (the ClawGym layout, e.g. a copy of ``RL/data/clawgym_eval``): loaded by the
   existing :func:`tasks.suites.load_suite`; a rubric travels as ``metadata["rule"]``.
@@ -37,7 +37,7 @@ from typing import Any, Iterable
 
 from clawgym_env.errors import TaskError
 from tasks import datacache
-from tasks.base import Suite, Task, TaskLoadIssue
+from clawgym_env.task import Suite, Task, TaskLoadIssue
 from tasks.hybrid import (CODE_WEIGHT, RUBRIC_WEIGHT, BenchGrade, category_scores, grade_bench, hybrid_grade,
                           is_hybrid, judge_rubric, rubric_of, score_hybrid)
 from tasks.taskdir import DEFAULT_MOUNT_DIR, is_task_dir, load_task_dir

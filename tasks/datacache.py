@@ -2,7 +2,7 @@
 
 Suites that ship as data rather than as task folders (OfficeQA, the hub form of ClawGym-Bench) are
 turned into ordinary ClawGym task dirs under a cache folder, then loaded with
-:func:`tasks.taskdir.load_task_dir`, so every runner sees the same :class:`~tasks.base.Task`.
+:func:`tasks.taskdir.load_task_dir`, so every runner sees the same :class:`~clawgym_env.task.Task`.
 
 Invariants:
   * one cache folder per (suite name, content key): ``<cache>/<name>-<key[:16]>/<task_id>/``;

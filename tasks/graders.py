@@ -1,15 +1,16 @@
 """The graders tasks supply to the engine's grading seam (:mod:`clawgym_env.grading`).
 
-:func:`grader_for` picks one from the task's kind, and :attr:`tasks.base.Task.grader` exposes it,
-so ``run_episode`` — hence ``env.step``, trainers' rollouts and ``clawgym eval`` — grades every
-task the same way:
+Each is registered by name (entry points ``clawgym.graders`` in ``pyproject.toml``), and a task names
+its own in :attr:`clawgym_env.task.Task.grader`, set by its loader from the task's kind. So
+``run_episode`` — hence ``env.step``, trainers' rollouts and ``clawgym eval`` — grades every task the
+same way:
 
-  * JobBench (``grading_type == "jobbench"``): :class:`JobBenchGrader`, the LLM judge per rubric
+  * ``jobbench`` (JobBench tasks): :class:`JobBenchGrader`, the LLM judge per rubric
     over the deliverables (:func:`tasks.jobbench.score_jobbench`); no ``reward.sh``;
-  * ClawGym-Bench hybrid (the task carries a rubric): :class:`HybridGrader`, the hermetic
+  * ``hybrid`` (a ClawGym task dir that carries a rubric): :class:`HybridGrader`, the hermetic
     ``reward.sh`` code score combined with the judge's rubric score, ``0.7 code + 0.3 rubric``
     (:func:`tasks.hybrid.hybrid_grade`);
-  * anything else: :class:`clawgym_env.reward.ScriptGrader`, the hermetic ``reward.sh`` alone.
+  * ``reward.sh`` (anything else, the engine's own): :class:`clawgym_env.reward.ScriptGrader`, the hermetic ``reward.sh`` alone.
 
 Invariants: the judge is the one in the :class:`~clawgym_env.grading.GradeContext`, else the
 environment-configured one (:func:`env_judge`, built once per configuration); a judge that is
@@ -102,14 +103,3 @@ class JobBenchGrader:
                                f"{len(result.details.get('rubrics') or [])} rubrics (partial reward "
                                f"{result.reward})", self.name, wall_s=time.monotonic() - t0)
         return GradeResult(float(result.reward), subs, "ok", None, self.name, wall_s=time.monotonic() - t0)
-
-
-def grader_for(task: Any) -> Any:
-    """The grader of ``task`` by its kind (see the module doc)."""
-    from tasks.hybrid import is_hybrid
-
-    if getattr(task, "grading_type", None) == "jobbench":
-        return JobBenchGrader()
-    if is_hybrid(task):
-        return HybridGrader()
-    return ScriptGrader()

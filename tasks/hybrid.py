@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import TaskError
-from tasks.base import Task
+from clawgym_env.task import Task
 
 CODE_WEIGHT = 0.7
 RUBRIC_WEIGHT = 0.3

@@ -12,7 +12,7 @@ with columns ``task_id, occupation, task_num, prompt, reference_files, reference
 reference_file_hf_uris, rubric_json, task_card``; ``reference_files`` are paths relative to the
 parquet's folder (``dataset/<occupation>/taskN/task_folder/<file>``) and are used when present.
 
-:func:`load_jobbench` gives a :class:`~tasks.base.Suite` of :class:`JobBenchTask`:
+:func:`load_jobbench` gives a :class:`~clawgym_env.task.Suite` of :class:`JobBenchTask`:
   * ``id`` is the official ``<occupation>__taskN`` (prefixed ``<split>__`` only when one call
     loads several splits, so ids stay unique); ``instruction`` is the prompt plus a closing note
     naming the workspace and the output folder ``outputs/``;
@@ -53,7 +53,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from clawgym_env.errors import TaskError
-from tasks.base import Suite, Task, TaskLimits, TaskLoadIssue
+from clawgym_env.task import Suite, Task, TaskLimits, TaskLoadIssue
 from tasks.taskdir import DEFAULT_MOUNT_DIR
 
 RUBRICS_FILE = "RUBRICS.json"
@@ -81,6 +81,7 @@ class Rubric(BaseModel):
 class JobBenchTask(Task):
     """A :class:`Task` that also carries its hidden grading data (excluded from dumps)."""
 
+    grader: str = "jobbench"
     rubrics: list[Rubric] = Field(default_factory=list, exclude=True, repr=False)
     task_card: str | None = Field(default=None, exclude=True, repr=False)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
 from clawgym_env.errors import TaskError
-from tasks.base import Task
+from clawgym_env.task import Task
 from tasks.extract import MAX_CHARS_PER_FILE, extract_folder
 from tasks.judge import JudgeAnswerError
 

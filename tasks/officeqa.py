@@ -36,7 +36,7 @@ from typing import Any
 
 from clawgym_env.errors import TaskError
 from tasks import datacache
-from tasks.base import Suite, TaskLoadIssue
+from clawgym_env.task import Suite, TaskLoadIssue
 from tasks.officeqa_scorer import extract_final_answer, judge, score_answer
 from tasks.taskdir import DEFAULT_MOUNT_DIR, load_task_dir
 

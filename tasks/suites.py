@@ -25,7 +25,7 @@ import difflib
 from pathlib import Path
 
 from clawgym_env.errors import TaskError
-from tasks.base import Suite, Task, TaskLoadIssue
+from clawgym_env.task import Suite, Task, TaskLoadIssue
 from tasks.taskdir import is_task_dir, load_task_dir
 
 BUNDLED_ROOT = Path(__file__).resolve().parent

@@ -9,7 +9,7 @@ A task dir is a folder::
       reward/reward.sh  prints the score, a float in [0, 1], as its last stdout line
       expert.json       optional (this project's extension): {"steps": [...], "wrong": [...]}
 
-Invariants of a :class:`~tasks.base.Task` returned by :func:`load_task_dir`:
+Invariants of a :class:`~clawgym_env.task.Task` returned by :func:`load_task_dir`:
   * ``id`` is the ``task_id`` of ``data_entry.json`` (non-empty, no ``/``, no whitespace);
   * ``instruction`` is ``user_query`` verbatim;
   * ``mount_dir`` is an absolute POSIX path (``/root/.openclaw/workspace`` when the key is absent,
@@ -32,7 +32,8 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from clawgym_env.errors import TaskError
-from tasks.base import Task, TaskLimits
+from clawgym_env.task import Task, TaskLimits
+from tasks.hybrid import is_hybrid
 
 DATA_ENTRY = "data_entry.json"
 INPUT_DIR = "input_files"
@@ -167,8 +168,11 @@ def load_task_dir(path: str | Path, suite: str | None = None) -> Task:
         raise TaskError(f"{reward_dir / REWARD_SCRIPT}: missing; add a bash script that prints the score "
                         f"(a float in [0, 1]) as its last stdout line")
 
-    return Task(id=task_id, instruction=instruction, mount_dir=mount, suite=suite, task_dir=task_dir,
+    task = Task(id=task_id, instruction=instruction, mount_dir=mount, suite=suite, task_dir=task_dir,
                 input_dir=input_dir, reward_dir=reward_dir, metadata=metadata, limits=limits, notes=notes)
+    if is_hybrid(task):  # a rubric: ClawGym-Bench hybrid grading (tasks.graders.HybridGrader)
+        task.grader = "hybrid"
+    return task
 
 
 class ExpertScript(BaseModel):

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tasks.base import Task
+from clawgym_env.task import Task
 from tasks.taskdir import PAYLOAD_ENV
 
 

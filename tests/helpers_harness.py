@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.errors import HarnessError
-from harness_adapters.base import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
-from harness_adapters.registry import get_adapter
-from tasks.base import Task
+from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
+from clawgym_env.plugins import make_harness
+from clawgym_env.task import Task
 
 MARKER_ENV = "CLAWGYM_TEST_MARKER"
 OFFLINE_HINTS = ("needs npm", "ENOTFOUND", "EAI_AGAIN", "ETIMEDOUT", "ECONNREFUSED", "ENETUNREACH",
@@ -40,7 +40,7 @@ DNS_FAILURES = re.compile(r"ENOTFOUND|EAI_AGAIN|getaddrinfo|ENETUNREACH", re.I)
 
 def installed(name: str, **options) -> HarnessAdapter:
     """The adapter registered as ``name``, with its harness installed (skips only if npm is unusable)."""
-    adapter = get_adapter(name, **options)
+    adapter = make_harness(name, **options)
     try:
         adapter.install()
     except HarnessError as exc:

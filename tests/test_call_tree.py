@@ -307,7 +307,7 @@ def test_html_and_png_are_written(tmp_path, tokenizer, linear, group):
 
 
 def test_cli_tree_show(tmp_path, capsys, tokenizer, linear, group):
-    from clawgym_env.cli import main
+    from clawgym_cli.main import main
 
     ep_dir = tmp_path / "ep"
     calls_path = write_jsonl(ep_dir / "calls.jsonl", group[0][1])
@@ -324,11 +324,11 @@ def test_cli_tree_show(tmp_path, capsys, tokenizer, linear, group):
 
 
 def test_real_mini_episode_is_one_chain(expert_runtime, builtin_suite):
-    from harness_adapters.registry import get_adapter
+    from clawgym_env.plugins import make_harness
 
     task = next(t for t in builtin_suite.tasks
                 if sum("tool" in s for s in json.loads(t.expert_path.read_text())["steps"]) >= 3)
-    res = expert_runtime.run(task, get_adapter("mini"))
+    res = expert_runtime.run(task, make_harness("mini"))
     assert res.record.status == "ok" and len(res.calls) >= 4
     tree = CallTree.from_episodes([(res.record, res.calls)])
     st = check(tree, res.calls)

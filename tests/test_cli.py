@@ -9,7 +9,7 @@ import sys
 
 
 def clawgym(*args, check=True, cwd=None):
-    proc = subprocess.run([sys.executable, "-m", "clawgym_env.cli", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "clawgym_cli", *args], capture_output=True, text=True,
                           timeout=600, cwd=cwd)
     if check:
         assert proc.returncode == 0, proc.stderr

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from clawgym_env.capture.records import read_calls
 from clawgym_env.runtime import RolloutPool, Runtime
-from harness_adapters.registry import get_adapter
+from clawgym_env.plugins import make_harness
 
 
 def _multi_step_tasks(suite, n):
@@ -23,7 +22,7 @@ def _multi_step_tasks(suite, n):
 
 def test_expert_solves_builtin_tasks_through_mini(expert_runtime, builtin_suite, tokenizer):
     tasks = _multi_step_tasks(builtin_suite, 6)
-    results = RolloutPool(expert_runtime, concurrency=3, progress=False).run(tasks, get_adapter("mini"))
+    results = RolloutPool(expert_runtime, concurrency=3, progress=False).run(tasks, make_harness("mini"))
     assert [r.record.task_id for r in results] == [t.id for t in tasks]
     for r in results:
         rec = r.record
@@ -48,7 +47,7 @@ def test_expert_solves_builtin_tasks_through_mini(expert_runtime, builtin_suite,
 def test_wrong_script_scores_below_one(builtin_suite, tmp_path):
     tasks = _multi_step_tasks(builtin_suite, 3)
     with Runtime("scripted:wrong", out_dir=tmp_path) as rt:
-        results = RolloutPool(rt, concurrency=3, progress=False).run(tasks, get_adapter("mini"))
+        results = RolloutPool(rt, concurrency=3, progress=False).run(tasks, make_harness("mini"))
     for r in results:
         assert r.record.status in ("ok", "reward_error"), (r.record.error, r.record.logs)
         assert r.record.reward < 1.0, r.record.task_id
@@ -56,8 +55,8 @@ def test_wrong_script_scores_below_one(builtin_suite, tmp_path):
 
 def test_streaming_mini_matches_non_streaming(expert_runtime, builtin_suite):
     task = _multi_step_tasks(builtin_suite, 1)[0]
-    plain = expert_runtime.run(task, get_adapter("mini"))
-    streamed = expert_runtime.run(task, get_adapter("mini", stream=True))
+    plain = expert_runtime.run(task, make_harness("mini"))
+    streamed = expert_runtime.run(task, make_harness("mini", stream=True))
     assert streamed.record.reward == plain.record.reward == 1.0
     assert all(c.stream for c in streamed.calls) and not any(c.stream for c in plain.calls)
     assert [c.output_token_ids for c in streamed.calls] == [c.output_token_ids for c in plain.calls]
@@ -69,7 +68,7 @@ def test_timeout_is_a_record_with_status(builtin_suite, tmp_path):
     script = tmp_path / "sleepy.json"
     script.write_text(json.dumps({"steps": [{"tool": "bash", "command": "sleep 60"}, {"final": "done"}]}))
     with Runtime(f"scripted:file:{script}", out_dir=tmp_path / "eps") as rt:
-        res = rt.run(task, get_adapter("mini"))
+        res = rt.run(task, make_harness("mini"))
     assert (res.record.status, res.record.failure_boundary) == ("timeout", "harness"), res.record.error
     assert res.record.num_calls == 1 and res.record.is_task_outcome  # the agent's own slowness: scored
     assert res.record.reward < 1.0
@@ -91,11 +90,11 @@ class BrokenSandbox:
 
 
 def test_sandbox_failure_is_infra_error_not_zero(builtin_suite, tmp_path, monkeypatch):
-    from clawgym_env import sandbox as sb_mod
+    from clawgym_env.plugins import sandboxes
 
-    monkeypatch.setitem(sb_mod.BACKENDS, "broken", f"{__name__}:BrokenSandbox")
-    with Runtime("scripted:expert", sandbox="broken", out_dir=tmp_path) as rt:
-        res = rt.run(builtin_suite.tasks[0], get_adapter("mini"))
+    with sandboxes.registered("broken", BrokenSandbox), \
+            Runtime("scripted:expert", sandbox="broken", out_dir=tmp_path) as rt:
+        res = rt.run(builtin_suite.tasks[0], make_harness("mini"))
     assert res.record.status == "infra_error" and res.record.is_infra_failure
     assert res.record.failure_boundary == "sandbox" and "cannot start" in res.record.error
     assert res.record.num_calls == 0

@@ -34,7 +34,7 @@ def _lines(path: Path) -> list[dict]:
 
 def test_eval_killed_mid_run_and_restarted_writes_each_episode_once(tmp_path):
     out = tmp_path / "results.jsonl"
-    argv = [sys.executable, "-m", "clawgym_env.cli", "eval", "--suite", "builtin", "--harness", "mini",
+    argv = [sys.executable, "-m", "clawgym_cli", "eval", "--suite", "builtin", "--harness", "mini",
             "--policy", "scripted:expert", "--samples", "2", "--concurrency", "2", "--limit", "2",
             "--out", str(out), "--no-progress"]
     proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -174,12 +174,12 @@ class FlakySandbox:
 
 
 @pytest.fixture
-def test_backends(monkeypatch):
-    from clawgym_env import sandbox as sb_mod
+def test_backends():
+    from clawgym_env.plugins import sandboxes
 
-    monkeypatch.setitem(sb_mod.BACKENDS, "broken", f"{__name__}:BrokenSandbox")
-    monkeypatch.setitem(sb_mod.BACKENDS, "flaky", f"{__name__}:FlakySandbox")
     BrokenSandbox.starts = FlakySandbox.starts = 0
+    with sandboxes.registered("broken", BrokenSandbox), sandboxes.registered("flaky", FlakySandbox):
+        yield
 
 
 def test_infra_failures_are_retried_then_reported_never_scored(tmp_path, test_backends):
@@ -323,7 +323,7 @@ def test_run_outputs_are_private_and_secrets_redacted(tmp_path):
     script.write_text(json.dumps({"steps": [{"final": f"the key is {secret}"}]}))
     out = tmp_path / "results.jsonl"
     env = {**os.environ, "CLAWGYM_UPSTREAM_API_KEY": secret}
-    done = subprocess.run([sys.executable, "-m", "clawgym_env.cli", "-v", "eval", "--suite", "builtin", "--harness",
+    done = subprocess.run([sys.executable, "-m", "clawgym_cli", "-v", "eval", "--suite", "builtin", "--harness",
                            "mini", "--policy", f"scripted:file:{script}", "--limit", "1", "--out", str(out),
                            "--no-progress", "--keep-workspace"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, env=env)

@@ -81,7 +81,7 @@ def test_probe_sees_a_dns_lookup_inside_the_sandbox(tmp_path):
     import json as _json
 
     from clawgym_env.runtime import Runtime
-    from harness_adapters.registry import get_adapter
+    from clawgym_env.plugins import make_harness
     from tasks import resolve_task
 
     script = tmp_path / "phone_home.json"
@@ -89,7 +89,7 @@ def test_probe_sees_a_dns_lookup_inside_the_sandbox(tmp_path):
         {"tool": "bash", "command": "python3 -c \"import socket\ntry: socket.getaddrinfo('telemetry.example.com', 443)"
                                     "\nexcept OSError: pass\""}, {"final": "done"}]}))
     with Runtime(f"scripted:file:{script}", out_dir=tmp_path / "eps") as rt:
-        res = rt.run(resolve_task("builtin/csv_total"), get_adapter("mini"), trace_network=True)
+        res = rt.run(resolve_task("builtin/csv_total"), make_harness("mini"), trace_network=True)
     report = analyze("mini", res.record, res.calls)
     assert "dns telemetry.example.com" in report.network_attempts
 

@@ -11,10 +11,10 @@ from gymnasium.utils.env_checker import check_env
 
 import clawgym_env  # noqa: F401 - registers the env ids
 from clawgym_env.errors import HarnessError
-from harness_adapters.base import Endpoint
+from clawgym_env.harness import Endpoint
 from harness_adapters.codex import CodexAdapter
 from harness_adapters.codex.config import KEY_ENV, PROVIDER, codex_config, parse_events, render_toml
-from harness_adapters.registry import get_adapter
+from clawgym_env.plugins import make_harness
 
 try:
     from helpers_claude_codex import check_expert_episode, installed, multi_step_tasks, run_hanging_episode, survivors
@@ -27,7 +27,7 @@ ENDPOINT = Endpoint(base_url="http://127.0.0.1:18080/ep/TOKEN123/v1", api_key="T
 
 @pytest.fixture(scope="module")
 def adapter():
-    return installed(get_adapter("codex"))
+    return installed(make_harness("codex"))
 
 
 def test_launch_spec_and_config(builtin_suite):

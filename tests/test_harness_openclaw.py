@@ -21,7 +21,7 @@ from gymnasium.utils.env_checker import check_env
 import clawgym_env  # noqa: F401 - registers the env ids
 from clawgym_env.errors import HarnessError
 from clawgym_env.runtime import Runtime
-from harness_adapters.base import Endpoint
+from clawgym_env.harness import Endpoint
 from harness_adapters.install import NODE24, prefix_for
 from harness_adapters.openclaw import PACKAGE, OpenClawAdapter
 from harness_adapters.openclaw.envelope import parse_envelope

@@ -15,7 +15,7 @@ from gymnasium.utils.env_checker import check_env
 import clawgym_env  # noqa: F401 - registers the env ids
 from clawgym_env.errors import HarnessError
 from clawgym_env.runtime import RolloutPool, Runtime
-from harness_adapters.base import Endpoint
+from clawgym_env.harness import Endpoint
 from harness_adapters.install import NODE24, prefix_for
 from harness_adapters.qwen_code import PACKAGE, QwenCodeAdapter
 from harness_adapters.qwen_code.stream import parse_stream

@@ -14,7 +14,7 @@ import pytest
 from clawgym_env.episode import prepare_workspace
 from clawgym_env.errors import TaskError
 from tasks import load_suite, resolve_task
-from tasks.base import Task
+from clawgym_env.task import Task
 from tasks.extract import extract_file, extract_folder
 from tasks.jobbench import (DATA_ENV, HIDDEN_FILES, JobBenchTask, jobbench_leaderboard_score, load_jobbench,
                             rubrics_for, score_jobbench)

@@ -198,7 +198,7 @@ def _site_rows() -> list[ResultRow]:
 
 
 def test_leaderboard_site_renders_in_chromium(tmp_path):
-    from clawgym_env.cli import main
+    from clawgym_cli.main import main
 
     results = tmp_path / "results"
     results.mkdir()

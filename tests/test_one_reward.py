@@ -125,9 +125,9 @@ def test_judge_defaults_to_the_environment_configured_one(agent, tmp_path, monke
 
 
 def _mini():
-    from harness_adapters.registry import get_adapter
+    from clawgym_env.plugins import make_harness
 
-    return get_adapter("mini")
+    return make_harness("mini")
 
 
 def test_a_suite_that_needs_a_judge_fails_fast_without_one(monkeypatch):

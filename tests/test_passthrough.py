@@ -17,7 +17,7 @@ from clawgym_env.policy.passthrough import PassthroughPolicy, anthropic_request
 from clawgym_env.policy.scripted import ScriptedPolicy
 from clawgym_env.proxy.server import ProxyServer
 from clawgym_env.runtime import Runtime
-from harness_adapters.registry import get_adapter
+from clawgym_env.plugins import make_harness
 
 
 def _tool_calls(message):
@@ -34,7 +34,7 @@ def test_mini_episode_through_passthrough_to_upstream(provider, builtin_suite, t
         policy = PassthroughPolicy(provider, "upstream-model", base_url=base if provider == "openai" else base[:-3],
                                    api_key=up.token, tokenizer=tokenizer)
         with Runtime(policy, out_dir=tmp_path) as rt:
-            res = rt.run(task, get_adapter("mini"))
+            res = rt.run(task, make_harness("mini"))
         up_calls = upstream.close_episode(up.token)
     rec = res.record
     assert rec.status == "ok" and rec.reward == 1.0, (rec.error, rec.logs)

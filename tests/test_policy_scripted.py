@@ -12,7 +12,7 @@ from clawgym_env.policy import make_policy
 from clawgym_env.policy.base import GenerationContext, SamplingParams
 from clawgym_env.policy.chat_format import assistant_text, parse_assistant
 from clawgym_env.policy.scripted import ScriptedPolicy, resolve_tools, shell_write_command
-from tasks.base import Task
+from clawgym_env.task import Task
 
 MOUNT = "/root/.openclaw/workspace"
 EXPERT = {

@@ -385,7 +385,7 @@ def test_clawgym_train_config_runs_ppo_end_to_end(tmp_path, tokenizer):
 
     cfg = tmp_path / "ppo.yaml"
     cfg.write_text(yaml.safe_dump(_e2e_config(tmp_path)))
-    proc = subprocess.run([sys.executable, "-m", "clawgym_env.cli", "train", "--config", str(cfg)],
+    proc = subprocess.run([sys.executable, "-m", "clawgym_cli", "train", "--config", str(cfg)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "run"

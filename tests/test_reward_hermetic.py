@@ -6,7 +6,7 @@ import json
 
 from clawgym_env.reward import grade_workspace, parse_reward_output
 from clawgym_env.runtime import Runtime
-from harness_adapters.registry import get_adapter
+from clawgym_env.plugins import make_harness
 
 
 def _cheat_steps(task):
@@ -25,9 +25,9 @@ def test_agent_rewriting_the_checker_gets_its_honest_score(builtin_suite, tmp_pa
     script = tmp_path / "cheat.json"
     script.write_text(json.dumps(_cheat_steps(task)))
     with Runtime(f"scripted:file:{script}", out_dir=tmp_path / "cheat") as rt:
-        cheat = rt.run(task, get_adapter("mini"), keep_workspace=True)
+        cheat = rt.run(task, make_harness("mini"), keep_workspace=True)
     with Runtime("scripted:noop", out_dir=tmp_path / "noop") as rt:
-        honest = rt.run(task, get_adapter("mini"))
+        honest = rt.run(task, make_harness("mini"))
     assert cheat.record.status in ("ok", "reward_error"), cheat.record.logs
     assert {c.path for c in cheat.record.workspace_changes} >= {"reward/check.py", "reward/reward.sh"}
     assert "forged" not in cheat.record.subscores

@@ -336,7 +336,7 @@ def test_project_python_works_inside(engine, workspace):
         res = sb.exec(["python3", "-c", "import openai; print('imports ok')"], timeout=120)
         assert res.ok, res.stderr[-2000:]
         assert res.stdout.strip() == "imports ok"
-        for ours in ("clawgym_env.episode", "tasks.base"):  # our own packages (answer keys) are never visible
+        for ours in ("clawgym_env.episode", "tasks.suites"):  # our own packages (answer keys) are never visible
             res = sb.exec(["python3", "-c", f"import {ours}"], timeout=120)
             assert res.returncode != 0 and "ModuleNotFoundError" in res.stderr, res
 
@@ -350,12 +350,12 @@ def test_no_engine_gives_a_clear_error(monkeypatch, workspace):
 
 def test_whole_episode_runs_through_docker(engine, tmp_path):
     from clawgym_env.runtime import Runtime
-    from harness_adapters.registry import get_adapter
+    from clawgym_env.plugins import make_harness
     from tasks import load_suite
 
     task = load_suite("builtin").tasks[0]
     with Runtime("scripted:expert", sandbox="docker", out_dir=tmp_path) as rt:
-        rec = rt.run(task, get_adapter("mini")).record
+        rec = rt.run(task, make_harness("mini")).record
     assert rec.status == "ok" and rec.reward == 1.0, (rec.task_id, rec.error, rec.logs)
     assert rec.num_calls >= 1
 

@@ -15,7 +15,7 @@ import pytest
 from clawgym_env.capture.tree import CallTree, expected_tree_tokens
 from clawgym_env.errors import HarnessError
 from clawgym_env.runtime import RolloutPool
-from harness_adapters.registry import get_adapter
+from clawgym_env.plugins import make_harness
 
 THRESHOLD = {"mini": 0.99, "claude-code": 0.99, "codex": 0.99, "qwen-code": 0.99, "openclaw": 0.95}
 TASKS = {"openclaw": 2}
@@ -31,7 +31,7 @@ def _multi_step(suite, n):
 
 @pytest.mark.parametrize("harness", list(THRESHOLD))
 def test_calls_are_token_exact_and_trees_have_no_duplicated_context(harness, expert_runtime, builtin_suite):
-    adapter = get_adapter(harness)
+    adapter = make_harness(harness)
     try:
         adapter.install()
     except HarnessError as exc:

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from clawgym_env.capture.records import EpisodeRecord  # noqa: E402
 from clawgym_env.episode import EpisodeResult  # noqa: E402
-from tasks.base import Task  # noqa: E402
+from clawgym_env.task import Task  # noqa: E402
 from trainers import grpo  # noqa: E402
 from trainers.checkpoint import save_checkpoint  # noqa: E402
 from trainers.evaluation import eval_harnesses, evaluate_harnesses  # noqa: E402

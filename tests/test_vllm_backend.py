@@ -247,12 +247,12 @@ def test_tokenizer_mismatch_is_refused(server):
 @server_test
 def test_mini_episode_through_the_proxy_is_token_exact(policy, reference, builtin_suite, tmp_path):
     from clawgym_env.runtime import Runtime
-    from harness_adapters.registry import get_adapter
+    from clawgym_env.plugins import make_harness
 
     task = builtin_suite.tasks[0]
     sampling = {"max_tokens": 48, "temperature": 1.0, "top_p": 1.0, "seed": 4321}
     with Runtime(policy, out_dir=tmp_path) as rt:
-        res = rt.run(task, get_adapter("mini"), sampling=sampling)
+        res = rt.run(task, make_harness("mini"), sampling=sampling)
     rec = res.record
     assert not rec.is_infra_failure, (rec.status, rec.error, rec.logs)
     assert rec.num_calls >= 1 and rec.num_calls == len(res.calls), (rec.status, rec.error, rec.logs)

@@ -23,8 +23,8 @@ from typing import Any, Sequence
 from clawgym_env.errors import HarnessError
 from clawgym_env.episode import EpisodeResult
 from clawgym_env.runtime import failed_episode
-from harness_adapters.registry import HARNESSES, get_adapter
-from tasks.base import Task
+from clawgym_env.plugins import harnesses, make_harness
+from clawgym_env.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +34,9 @@ def harness_available(name: str) -> tuple[bool, str]:
     from harness_adapters.install import is_installed
 
     key = name.replace("_", "-").lower()
-    if key not in HARNESSES:
+    if key not in harnesses:
         return False, f"unknown harness {name!r}"
-    module = importlib.import_module(HARNESSES[key])
+    module = importlib.import_module(harnesses.load(key).__module__)
     pkg = getattr(module, "PACKAGE", None)
     if pkg is not None and not is_installed(pkg):
         return False, f"{pkg.spec} is not installed (run `clawgym harness install {key}`)"
@@ -98,7 +98,7 @@ def run_jobs(runtime, jobs: Sequence[tuple[Task, str]], *, group_size: int = 1, 
     adapters = dict(adapters or {})
     for _, h in jobs:
         if h not in adapters:
-            adapters[h] = get_adapter(h)
+            adapters[h] = make_harness(h)
     flat = [(t, h) for t, h in jobs for _ in range(group_size)]
     out: list[EpisodeResult | None] = [None] * len(flat)
     policy_name = getattr(runtime.policy, "name", "policy")

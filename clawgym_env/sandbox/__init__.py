@@ -1,25 +1,17 @@
-"""Sandboxes: one interface (:class:`Sandbox`), backends found by name."""
+"""Sandboxes: one interface (:class:`Sandbox`), backends found by name (:func:`get_backend`)."""
 
 from __future__ import annotations
 
 from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxLimits, SandboxSpec, host_toolchain_paths
 
-BACKENDS = {
-    "bwrap": "clawgym_env.sandbox.bwrap:BwrapSandbox",
-    "docker": "clawgym_env.sandbox.docker:DockerSandbox",
-}
 
 
-def get_backend(name: str):
-    """Return the sandbox class registered under ``name`` ("bwrap" or "docker")."""
-    import importlib
+def get_backend(name: str) -> type[Sandbox]:
+    """The sandbox class registered as ``name`` in :data:`clawgym_env.plugins.sandboxes` (built-ins:
+    ``bwrap``, ``docker``; plugins: entry points of group ``clawgym.sandboxes``)."""
+    from clawgym_env.plugins import sandboxes
 
-    from clawgym_env.errors import RegistrationError
-
-    if name not in BACKENDS:
-        raise RegistrationError(f"unknown sandbox backend {name!r}; choose one of {sorted(BACKENDS)}")
-    mod, _, cls = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(mod), cls)
+    return sandboxes.load(name)
 
 
-__all__ = ["ExecResult", "Sandbox", "SandboxLimits", "SandboxSpec", "host_toolchain_paths", "get_backend", "BACKENDS"]
+__all__ = ["ExecResult", "Sandbox", "SandboxLimits", "SandboxSpec", "host_toolchain_paths", "get_backend"]

@@ -35,10 +35,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness_adapters.base import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
+from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
 from harness_adapters.claude_code.stream_json import parse_stream
 from harness_adapters.install import NpmPackage, bin_path, npm_install, prefix_for
-from tasks.base import Task
+from clawgym_env.task import Task
 
 PACKAGE = NpmPackage("@anthropic-ai/claude-code", "2.1.332", "claude")
 DEFAULT_MODEL = "claude-sonnet-4-5-20250929"

@@ -26,10 +26,10 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from harness_adapters.base import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
+from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
 from harness_adapters.codex.config import KEY_ENV, codex_config, parse_events, render_toml
 from harness_adapters.install import NpmPackage, bin_path, npm_install, prefix_for
-from tasks.base import Task
+from clawgym_env.task import Task
 
 PACKAGE = NpmPackage("@openai/codex", "0.171.0", "codex")
 #: machine → (platform package, Rust target triple) for Linux, as ``bin/codex.js`` maps them

@@ -6,8 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from harness_adapters.base import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
-from tasks.base import Task
+from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
+from clawgym_env.task import Task
 
 AGENT = Path(__file__).with_name("agent.py")
 

@@ -23,10 +23,10 @@ import math
 from pathlib import Path
 
 from clawgym_env.errors import HarnessError
-from harness_adapters.base import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
+from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
 from harness_adapters.install import NODE24, NpmPackage, bin_path, node_binary, npm_install, prefix_for
 from harness_adapters.openclaw.envelope import parse_envelope
-from tasks.base import Task
+from clawgym_env.task import Task
 
 PACKAGE = NpmPackage("openclaw", "2026.9.6", "openclaw", min_node=24)
 PROVIDER = "clawgym"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness_adapters.base import HarnessOutput
+from clawgym_env.harness import HarnessOutput
 
 
 def find_envelope(stdout: str) -> dict[str, Any] | None:

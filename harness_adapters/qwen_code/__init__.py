@@ -21,10 +21,10 @@ import json
 from pathlib import Path
 
 from clawgym_env.errors import HarnessError
-from harness_adapters.base import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
+from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
 from harness_adapters.install import NODE24, NpmPackage, bin_path, node_binary, npm_install, prefix_for
 from harness_adapters.qwen_code.stream import parse_stream
-from tasks.base import Task
+from clawgym_env.task import Task
 
 PACKAGE = NpmPackage("@qwen-code/qwen-code", "0.24.4", "qwen", min_node=22)
 AUTH_TYPES = {"openai": "openai_chat", "openai-responses": "openai_responses", "anthropic": "anthropic_messages"}

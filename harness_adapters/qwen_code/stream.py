@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness_adapters.base import HarnessOutput
+from clawgym_env.harness import HarnessOutput
 
 SUMMARY_KEYS = ("subtype", "is_error", "num_turns", "duration_ms", "duration_api_ms", "usage", "session_id",
                 "error", "stop_reason")

@@ -61,7 +61,7 @@ def test_hostile_workspace_is_the_agents_outcome_and_every_episode_has_its_recor
     script = tmp_path / "attack.json"
     script.write_text(json.dumps({"steps": ATTACK}))
     out = tmp_path / "runs"
-    argv = [sys.executable, "-m", "clawgym_env.cli", "run", "--task", "builtin/csv_total", "--policy",
+    argv = [sys.executable, "-m", "clawgym_cli", "run", "--task", "builtin/csv_total", "--policy",
             f"scripted:file:{script}", "--samples", "2", "--concurrency", "2", "--json", "--out", str(out)]
     try:
         done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)

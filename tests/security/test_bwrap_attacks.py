@@ -35,7 +35,7 @@ from clawgym_env.errors import SandboxError
 from clawgym_env.runtime import RolloutPool, Runtime
 from clawgym_env.sandbox.base import SandboxLimits, SandboxSpec
 from clawgym_env.sandbox.bwrap import BwrapSandbox, check_bwrap
-from harness_adapters.registry import get_adapter
+from clawgym_env.plugins import make_harness
 
 try:
     check_bwrap(True)
@@ -81,7 +81,7 @@ def attacked(builtin_suite):
     os.environ["CLAWGYM_SANDBOX_RO_PATHS"] = str(secret_dir)  # a mounted tree holding a 0600 root file
     try:
         with Runtime(f"scripted:file:{script}", out_dir=runs) as rt:
-            results = RolloutPool(rt, concurrency=2, progress=False).run([task, task], get_adapter("mini"),
+            results = RolloutPool(rt, concurrency=2, progress=False).run([task, task], make_harness("mini"),
                                                                         keep_workspace=True)
         yield results, {"victim": victim, "secret": secret.read_text(), "sysctl": before, "mount": m}
     finally:

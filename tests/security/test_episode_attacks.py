@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.runtime import Runtime
-from harness_adapters.registry import get_adapter
+from clawgym_env.plugins import make_harness
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -145,7 +145,7 @@ def test_attacks_from_inside_an_episode_fail_and_change_nothing_outside(builtin_
     try:
         with Runtime(_script(tmp_path, steps), out_dir=tmp_path / "eps") as rt:
             before_rss = _rss_mb()  # policy, tokenizer and proxy loaded
-            res = rt.run(builtin_suite.get("write_greeting"), get_adapter("mini"), keep_workspace=True)
+            res = rt.run(builtin_suite.get("write_greeting"), make_harness("mini"), keep_workspace=True)
     finally:
         for c in (v4, v6, abstract):
             c.close()

@@ -22,7 +22,7 @@ import pytest
 from clawgym_env.runtime import RolloutPool, Runtime
 from clawgym_env.sandbox.base import SandboxSpec
 from clawgym_env.sandbox.bwrap import PROXY_SOCK
-from harness_adapters.registry import get_adapter
+from clawgym_env.plugins import make_harness
 
 PORT = next(f.default for f in dataclasses.fields(SandboxSpec) if f.name == "proxy_port")
 FAILED = ("harness_error", "infra_error")
@@ -65,7 +65,7 @@ def test_chmod_of_the_proxy_socket_cuts_off_no_other_episode(builtin_suite, tmp_
              _task_with_inputs(base, tmp_path, "victim1", {}),
              _task_with_inputs(base, tmp_path, "victim2", {})]
     with Runtime(f"scripted:file:{script}", out_dir=tmp_path / "eps") as rt:
-        results = RolloutPool(rt, concurrency=3, progress=False).run(tasks, get_adapter("mini"))
+        results = RolloutPool(rt, concurrency=3, progress=False).run(tasks, make_harness("mini"))
     attacker, victims = results[0], results[1:]
     seen = json.dumps([c.request for c in attacker.calls])
     assert "ATTACK_AT=" in seen, (attacker.record.status, attacker.record.error, attacker.record.logs)
@@ -104,7 +104,7 @@ def test_a_leaked_token_is_useless_from_another_sandbox(builtin_suite, tmp_path)
             client = openai.OpenAI(base_url=victim.base_url(server.url), api_key="x", max_retries=0)
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "legit"}])
             task = _task_with_inputs(base, tmp_path, "thief", {"VICTIM_TOKEN": victim.token})
-            res = rt.run(task, get_adapter("mini"))
+            res = rt.run(task, make_harness("mini"))
         finally:
             victim_calls = server.close_episode(victim.token)
     seen = _tool_outputs(res)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.runtime import RolloutPool, Runtime
-from harness_adapters.registry import get_adapter
+from clawgym_env.plugins import make_harness
 from tasks import load_suite, load_task_dir
 
 try:
@@ -125,7 +125,7 @@ def test_each_shadowing_cousin_scores_zero(cousin, tmp_path, builtin_suite):
     task = builtin_suite.get("csv_total")
     before = _host_files()
     with Runtime(_script(tmp_path, cousin, COUSINS[cousin]), out_dir=tmp_path / "eps") as rt:
-        res = rt.run(task, get_adapter("mini"), keep_workspace=True)
+        res = rt.run(task, make_harness("mini"), keep_workspace=True)
     rec = res.record
     # planting binaries named bash/python3 may break the agent's own harness: still graded, still 0
     assert rec.status not in ("infra_error", "reward_invalid"), (rec.status, rec.error, rec.logs)
@@ -142,7 +142,7 @@ def test_all_cousins_score_zero_on_every_bundled_task(tmp_path, zero_judge):
     tasks = _bundled_tasks()
     assert len(tasks) == 46  # 28 builtin + 16 held-out quickstart tasks + 2 ClawGym-Bench fixtures
     with Runtime(_script(tmp_path, "all", ALL_COUSINS), out_dir=tmp_path / "eps") as rt:
-        results = RolloutPool(rt, concurrency=2, progress=False).run(tasks, get_adapter("mini"), judge=zero_judge)
+        results = RolloutPool(rt, concurrency=2, progress=False).run(tasks, make_harness("mini"), judge=zero_judge)
     scores = {r.record.task_id: (r.record.status, r.record.reward) for r in results}
     assert all(status not in ("infra_error", "reward_invalid") for status, _ in scores.values()), scores
     # An untouched workspace earns a few "left the rest alone" sub-scores on 5 tasks; the planted
@@ -162,7 +162,7 @@ def test_expert_still_scores_full_marks_through_the_hermetic_grader(tmp_path):
     tasks = [t for t in _bundled_tasks() if t.expert_path is not None]
     assert len(tasks) == 44
     with Runtime("scripted:expert", out_dir=tmp_path / "eps") as rt:
-        results = RolloutPool(rt, concurrency=2, progress=False).run(tasks, get_adapter("mini"))
+        results = RolloutPool(rt, concurrency=2, progress=False).run(tasks, make_harness("mini"))
     low = {r.record.task_id: (r.record.status, r.record.reward, r.record.logs.get("reward_stderr"))
            for r in results if r.record.reward != 1.0 or r.record.status != "ok"}
     assert not low, low
@@ -255,7 +255,7 @@ def _malicious_task(tmp_path: Path, secret: Path, whole_dir: bool) -> object:
 def test_malicious_task_folder_never_leaks_a_host_file(tmp_path, secret_file, whole_dir):
     task = _malicious_task(tmp_path, secret_file, whole_dir)
     with Runtime("scripted:noop", out_dir=tmp_path / "eps") as rt:
-        res = rt.run(task, get_adapter("mini"))
+        res = rt.run(task, make_harness("mini"))
     rec = res.record
     stored = (tmp_path / "eps" / rec.episode_id / "episode.json").read_text()
     assert "TOPSECRET" not in stored and "TOPSECRET" not in json.dumps(rec.logs)
@@ -279,7 +279,7 @@ def test_malicious_input_files_never_bring_a_host_file_into_the_workspace(tmp_pa
         os.symlink(secret_file, dst / "input_files" / "key.txt")
     task = load_task_dir(dst)
     with Runtime("scripted:noop", out_dir=tmp_path / "eps") as rt:
-        res = rt.run(task, get_adapter("mini"), keep_workspace=True)
+        res = rt.run(task, make_harness("mini"), keep_workspace=True)
     rec = res.record
     assert rec.status == "infra_error" and rec.failure_boundary == "task", (rec.status, rec.error)
     assert "out of the task folder" in (rec.error or "") and not res.calls

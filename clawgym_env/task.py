@@ -1,7 +1,8 @@
 """Tasks and suites.
 
-A :class:`Task` is one thing to do in one workspace, graded by a verifier. It is loaded from the
-ClawGym task-dir format (see :mod:`tasks.taskdir`):
+The engine's task vocabulary. A :class:`Task` is one thing to do in one workspace, graded by its
+grader. Task sources (the ``tasks`` package and third-party suites) build them; the engine only reads
+them. The ClawGym task-dir format (loaded by the ``tasks`` package):
 
     task_dir/
       data_entry.json   {"task_id", "user_query", "input_mount_dir", "metadata"}
@@ -11,7 +12,8 @@ ClawGym task-dir format (see :mod:`tasks.taskdir`):
 
 Invariants: ``mount_dir`` is absolute (the workspace's path inside the sandbox, for the agent and
 the verifier alike); ``reward_dir`` holds ``reward.sh`` when set; the agent never sees ``reward/``
-or ``expert.json``.
+or ``expert.json``; ``grader`` names a grader registered in :data:`clawgym_env.plugins.graders`
+(``reward.sh`` by default: the hermetic ``reward/reward.sh`` script).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class TaskLimits(BaseModel):
 
 
 class Task(BaseModel):
+    """One task: an instruction, the workspace it runs in, its files, limits and grader."""
+
     id: str
     instruction: str
     mount_dir: str = "/root/.openclaw/workspace"
@@ -48,6 +52,9 @@ class Task(BaseModel):
     limits: TaskLimits = Field(default_factory=TaskLimits)
     notes: list[str] = Field(default_factory=list)
     """Non-fatal observations made while loading (e.g. the task_id differs from the folder name)."""
+    grader: str = "reward.sh"
+    """The name of the grader the engine applies inside the episode (:mod:`clawgym_env.grading`), set
+    by the task's source from its kind (``reward.sh``, ``hybrid``, ``jobbench``, or a third party's)."""
 
     @property
     def full_id(self) -> str:
@@ -65,14 +72,6 @@ class Task(BaseModel):
     def grading_type(self) -> str:
         return str(self.metadata.get("grading_type") or "automated")
 
-    @property
-    def grader(self) -> Any:
-        """The grader the engine applies inside the episode (:mod:`clawgym_env.grading`), chosen by
-        the task's kind: ``reward.sh``, hybrid code + rubric judge, or JobBench rubric judge
-        (:func:`tasks.graders.grader_for`)."""
-        from tasks.graders import grader_for
-
-        return grader_for(self)
 
 
 class TaskLoadIssue(BaseModel):
@@ -83,6 +82,8 @@ class TaskLoadIssue(BaseModel):
 
 
 class Suite(BaseModel):
+    """A named list of tasks, with the task dirs that could not be loaded listed in ``issues``."""
+
     name: str
     root: Path | None = None
     tasks: list[Task] = Field(default_factory=list)

@@ -11,7 +11,7 @@ import abc
 import dataclasses
 from pathlib import Path
 
-from tasks.base import Task
+from clawgym_env.task import Task
 
 
 @dataclasses.dataclass
@@ -44,7 +44,8 @@ class HarnessOutput:
 
 
 class HarnessAdapter(abc.ABC):
-    """One per harness package: ``harness_adapters.<name>`` exports exactly one subclass as ``Adapter``."""
+    """The harness seam. A harness package exports exactly one subclass; it is registered by name in
+    :data:`clawgym_env.plugins.harnesses` (entry-point group ``clawgym.harnesses``)."""
 
     name: str = "harness"
     dialect: str = "openai_chat"

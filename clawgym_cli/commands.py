@@ -1,0 +1,185 @@
+"""The ``clawgym`` commands: each ``cmd_*`` takes the parsed arguments and returns an exit code.
+
+This package is the app layer: the only one that imports every other (the engine ``clawgym_env``,
+``tasks``, ``harness_adapters``, ``trainers`` and ``leaderboards``). Heavy imports stay inside the
+commands so that ``clawgym --help`` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from clawgym_env.capture.records import sanitize
+from clawgym_env.errors import ClawGymError
+
+
+def _episode_json(result) -> dict[str, Any]:
+    rec = result.record
+    return {"task_id": rec.task_id, "suite": rec.suite, "harness": rec.harness, "policy": rec.policy,
+            "reward": rec.reward, "subscores": rec.subscores, "status": rec.status, "num_calls": rec.num_calls,
+            "wall_s": round(rec.wall_s, 3), "calls_path": rec.calls_path,
+            "episode_dir": str(Path(rec.calls_path).parent) if rec.calls_path else None,
+            "final_message": rec.final_message, "error": rec.error, "failure_boundary": rec.failure_boundary,
+            "reward_reason": rec.reward_reason,
+            "timings": {k: round(v, 3) for k, v in rec.timings.items()}}
+
+
+def cmd_tasks_list(args) -> int:
+    from tasks import load_suite, resolve_task
+
+    if args.task:
+        tasks, issues = [resolve_task(args.task)], []
+    else:
+        suite = load_suite(args.suite)
+        tasks, issues = suite.tasks, suite.issues
+    for t in tasks:
+        first = t.instruction.strip().splitlines()[0] if t.instruction.strip() else ""
+        print(f"{t.full_id}\t{t.metadata.get('category') or '-'}\t{first[:80]}")
+    for issue in issues:
+        print(f"warning: skipped {issue.path}: {issue.error}", file=sys.stderr)
+    return 0
+
+
+def _sampling(args) -> dict[str, Any]:
+    out = {}
+    for key in ("temperature", "top_p", "max_tokens"):
+        if getattr(args, key, None) is not None:
+            out[key] = getattr(args, key)
+    return out
+
+
+def cmd_run(args) -> int:
+    from clawgym_env.runtime import RolloutPool, Runtime
+    from clawgym_env.plugins import make_harness
+    from tasks import load_suite, resolve_task
+
+    if bool(args.task) == bool(args.suite):
+        raise ClawGymError("give exactly one of --task SUITE/ID (or a task dir) and --suite NAME (or a folder)")
+    if args.task:
+        tasks = [resolve_task(args.task)]
+    else:
+        suite = load_suite(args.suite)
+        for issue in suite.issues:
+            print(f"warning: skipped {issue.path}: {issue.error}", file=sys.stderr)
+        tasks = suite.tasks[: args.limit] if args.limit else suite.tasks
+    adapter = make_harness(args.harness)
+    with Runtime(args.policy, sandbox=args.sandbox, out_dir=args.out) as rt:
+        pool = RolloutPool(rt, concurrency=args.concurrency, progress=not args.json and len(tasks) * args.samples > 1)
+        results = pool.run(tasks, adapter, samples=args.samples, sampling=_sampling(args),
+                           keep_workspace=args.keep_workspace)
+    if args.json:
+        for r in results:
+            print(json.dumps(sanitize(_episode_json(r))[0]), flush=True)  # redacted, always valid JSON
+    else:
+        for r in results:
+            rec = r.record
+            where = f" ({rec.failure_boundary})" if rec.failure_boundary and rec.status != "ok" else ""
+            print(f"{rec.suite or '-'}/{rec.task_id}\t{rec.status}{where}\treward={rec.reward:.3f}"
+                  f"\tcalls={rec.num_calls}\t{rec.wall_s:.1f}s")
+        scored = [r.record for r in results if r.record.is_task_outcome]
+        mean = sum(r.reward for r in scored) / max(len(scored), 1)
+        solved = sum(r.reward >= 1.0 for r in scored)
+        print(f"{len(results)} episodes: mean reward {mean:.3f}, solved {solved}/{len(scored)} scored, "
+              f"not scored (infrastructure or no valid reward) {len(results) - len(scored)}; records under {args.out}")
+    return 0
+
+
+def cmd_grade(args) -> int:
+    from clawgym_env.reward import grade_workspace
+    from tasks import load_task_dir, resolve_task
+
+    task = load_task_dir(args.task_dir) if args.task_dir else resolve_task(args.task)
+    final = args.final_message
+    if args.final_message_file:
+        final = Path(args.final_message_file).read_text()
+    ws = Path(args.workspace)
+    if not ws.is_dir():
+        raise ClawGymError(f"workspace {ws} is not a folder")
+    rr = grade_workspace(task, ws, final_message=final, sandbox=args.sandbox)
+    out = {"task_id": task.id, "reward": rr.reward, "subscores": rr.subscores, "ok": rr.ok, "reason": rr.reason}
+    print(json.dumps(out) if args.json else f"reward {rr.reward:.3f} {rr.subscores}" + (f" ({rr.reason})" if rr.reason else ""))
+    return 0
+
+
+def cmd_serve_proxy(args) -> int:
+    from clawgym_env.policy import make_policy
+    from clawgym_env.proxy.server import serve_proxy
+
+    serve_proxy(make_policy(args.policy), host=args.host, port=args.port, calls_out=args.calls_out)
+    return 0
+
+
+def cmd_harness_install(args) -> int:
+    from clawgym_env.plugins import harnesses, make_harness
+
+    names = harnesses.names() if args.all or not args.names else args.names
+    for name in names:
+        adapter = make_harness(name)
+        adapter.install(args.cache_dir)
+        print(f"{adapter.name}: installed")
+    return 0
+
+
+def cmd_harness_list(args) -> int:
+    from clawgym_env.plugins import harnesses
+
+    for name in harnesses.names():
+        print(name)
+    return 0
+
+
+def cmd_tree_show(args) -> int:
+    from clawgym_env.capture.tree_show import show
+
+    print(show(args.file, html_out=args.html, png_out=args.png, decode=not args.no_decode, width=args.width), end="")
+    return 0
+
+
+def cmd_harness_check(args) -> int:
+    from harness_adapters.check import check_harness, report_json
+
+    report = check_harness(args.name, task=args.task, policy=args.policy, sandbox=args.sandbox)
+    print(report_json(report) if args.json else report.render())
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from leaderboards.metrics import summarize
+    from leaderboards.run import run_eval
+    from leaderboards.schema import read_results
+
+    s = run_eval(args.suite, data=args.data, harness=args.harness, policy=args.policy, samples=args.samples,
+                 concurrency=args.concurrency, out=args.out, limit=args.limit, sandbox=args.sandbox,
+                 retries=args.retries, episodes_dir=args.episodes_dir, rerun_infra=args.rerun_infra,
+                 sampling=_sampling(args), keep_workspace=args.keep_workspace, progress=not args.no_progress)
+    print(f"{s.out}: {s.ran} episode(s) written, {s.skipped} already done of {s.total}; infra failures "
+          f"{s.infra_failures} (after {s.retried} retries)" + ("; repaired a torn last line" if s.repaired_tail else ""))
+    policy = args.policy.strip()
+    for g in summarize(read_results(s.out).rows, by_category=False):
+        if g.harness == args.harness and g.policy == policy:
+            print(f"{g.suite} · {g.harness} · {g.policy}: Pass@1 {g.pass1:.3f}, strict {g.strict:.3f}, "
+                  f"{g.tasks} task(s), {g.episodes} episode(s), {g.infra_failures} infra failure(s)")
+    return 0
+
+
+def cmd_leaderboard(args) -> int:
+    from leaderboards.site import build_site
+
+    for name, path in build_site(args.results, args.out).items():
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from trainers.train import main_args
+
+    return main_args(args)
+
+
+def cmd_quickstart(args) -> int:
+    from trainers.quickstart import main_args
+
+    return main_args(args)
