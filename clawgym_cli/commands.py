@@ -14,6 +14,7 @@ from typing import Any
 
 from clawgym_env.capture.records import sanitize
 from clawgym_env.errors import ClawGymError
+from clawgym_env.policy.base import SamplingOverrides
 
 
 def _episode_json(result) -> dict[str, Any]:
@@ -43,17 +44,13 @@ def cmd_tasks_list(args) -> int:
     return 0
 
 
-def _sampling(args) -> dict[str, Any]:
-    out = {}
-    for key in ("temperature", "top_p", "max_tokens"):
-        if getattr(args, key, None) is not None:
-            out[key] = getattr(args, key)
-    return out
+def _sampling(args) -> SamplingOverrides:
+    return SamplingOverrides(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)
 
 
 def cmd_run(args) -> int:
-    from clawgym_env.runtime import RolloutPool, Runtime
     from clawgym_env.plugins import make_harness
+    from clawgym_env.runtime import RolloutPool, Runtime
     from tasks import load_suite, resolve_task
 
     if bool(args.task) == bool(args.suite):

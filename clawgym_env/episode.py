@@ -28,16 +28,31 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
-from clawgym_env.capture.records import CallRecord, EpisodeRecord, WorkspaceChange, write_jsonl, write_record
+from clawgym_env.capture.records import (
+    CallRecord,
+    EpisodeRecord,
+    WorkspaceChange,
+    write_jsonl,
+    write_record,
+)
 from clawgym_env.errors import ClawGymError, SandboxError, TaskError
-from clawgym_env.failures import Verdict, classify_run, internal_failure, sandbox_failure
+from clawgym_env.failures import (
+    Verdict,
+    classify_run,
+    internal_failure,
+    sandbox_failure,
+)
 from clawgym_env.grading import grade_episode
-from clawgym_env.sandbox import SandboxSpec, get_backend, host_toolchain_paths
-from clawgym_env.workspace_files import Entry, copy_tree, remove_tree, snapshot
 from clawgym_env.harness import Endpoint, HarnessAdapter
+from clawgym_env.policy.base import SamplingOverrides
+from clawgym_env.sandbox import SandboxSpec, get_backend, host_toolchain_paths
 from clawgym_env.task import Task
+from clawgym_env.workspace_files import Entry, copy_tree, remove_tree, snapshot
+
+if TYPE_CHECKING:
+    from clawgym_env.proxy.server import ProxyServer
 
 log = logging.getLogger(__name__)
 LOG_TAIL = 8000
@@ -91,12 +106,15 @@ def prepare_workspace(task: Task, dest: Path) -> Path:
     return dest
 
 
-def run_episode(task: Task, adapter: HarnessAdapter, proxy: Any, *, sandbox: str = "bwrap",
-                sampling: dict[str, Any] | None = None, policy_version: int | None = None,
+def run_episode(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, *, sandbox: str = "bwrap",
+                sampling: SamplingOverrides | Mapping[str, Any] | None = None, policy_version: int | None = None,
                 out_dir: str | Path | None = None, keep_workspace: bool = False,
                 episode_id: str | None = None, grade: bool = True, trace_network: bool = False,
                 judge: Any = None) -> EpisodeResult:
     """Run ``adapter``'s harness on ``task`` against ``proxy`` (a started ProxyServer).
+
+    ``sampling``: what the episode imposes on every model call (:class:`SamplingOverrides`; a mapping
+    of its fields is accepted and converted, an invalid one is a :class:`ProxyError` naming the field).
 
     ``trace_network`` runs the harness under ``strace`` (where installed) and keeps its socket
     syscalls in ``record.logs["network_trace"]``, for the conformance check.
@@ -107,6 +125,7 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: Any, *, sandbox: str
     reward makes the status ``reward_invalid`` (never a 0 to train on).
     """
     episode_id = episode_id or uuid.uuid4().hex[:16]
+    sampling = SamplingOverrides.of(sampling)
     t_start = time.monotonic()
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -116,7 +135,7 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: Any, *, sandbox: str
     os.chmod(root, 0o700)  # run outputs are private to the user
     timings: dict[str, float] = {}
     record = dict(episode_id=episode_id, task_id=task.id, suite=task.suite, harness=adapter.name,
-                  policy=getattr(proxy.policy, "name", "policy"), sampling=dict(sampling or {}),
+                  policy=getattr(proxy.policy, "name", "policy"), sampling=sampling.as_dict(),
                   policy_version=policy_version if policy_version is not None else getattr(proxy.policy, "version", 0))
     try:
         ws = prepare_workspace(task, root / "workspace")

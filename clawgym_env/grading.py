@@ -105,7 +105,11 @@ def needs_judge(task: Task) -> bool:
 def grade_episode(task: Task, workspace: str | Path, *, final_message: str | None = None,
                   transcript: list[Any] | None = None, sandbox: str = "bwrap", judge: Any = None) -> GradeResult:
     """Grade a finished episode with the task's grader (see the module doc for the invariants)."""
-    grader = grader_of(task)
+    try:
+        grader = grader_of(task)
+    except ClawGymError as exc:  # e.g. a grader name nobody registered: no valid reward, never a 0
+        log.warning("task %s has no usable grader: %s", task.id, exc)
+        return GradeResult(0.0, {}, "reward_invalid", f"no valid reward: {exc}", task.grader)
     ctx = GradeContext(task=task, workspace=Path(workspace), final_message=final_message, transcript=transcript,
                        sandbox=sandbox, judge=judge)
     t0 = time.monotonic()
@@ -114,7 +118,7 @@ def grade_episode(task: Task, workspace: str | Path, *, final_message: str | Non
     except SandboxError:
         raise
     except ClawGymError as exc:
-        log.warning("grading %s with %s gave no valid reward: %s", getattr(task, "id", "?"), grader.name, exc)
+        log.warning("grading %s with %s gave no valid reward: %s", task.id, grader.name, exc)
         return GradeResult(0.0, {}, "reward_invalid", f"no valid reward: {exc}", grader.name,
                            wall_s=time.monotonic() - t0)
     if result.status == "reward_invalid":

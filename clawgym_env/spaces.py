@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from clawgym_env.policy.base import SamplingOverrides
+
 #: Every printable character of the Basic Multilingual Plane, plus newline, tab and return.
 TEXT_CHARSET = "\n\t\r" + "".join(chr(c) for c in range(0x20, 0x10000)
                                     if not 0xD800 <= c < 0xE000 and chr(c).isprintable())
@@ -63,10 +65,10 @@ def action_space() -> spaces.Dict:
     })
 
 
-def action_to_sampling(action: dict[str, Any] | None) -> tuple[dict[str, Any], int | None]:
+def action_to_sampling(action: dict[str, Any] | None) -> tuple[SamplingOverrides, int | None]:
     """(sampling overrides for the proxy, policy_version) from an action (``None`` = no overrides)."""
     if action is None:
-        return {}, None
+        return SamplingOverrides(), None
     sampling: dict[str, Any] = {}
     if "temperature" in action:
         sampling["temperature"] = float(np.asarray(action["temperature"]))
@@ -75,4 +77,4 @@ def action_to_sampling(action: dict[str, Any] | None) -> tuple[dict[str, Any], i
     if int(action.get("max_tokens", 0) or 0) > 0:
         sampling["max_tokens"] = int(action["max_tokens"])
     version = action.get("policy_version")
-    return sampling, (int(version) if version is not None else None)
+    return SamplingOverrides(**sampling), (int(version) if version is not None else None)

@@ -46,12 +46,13 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from clawgym_env.capture.records import dump_record
 from clawgym_env.errors import ClawGymError, TaskError
 from clawgym_env.failures import exception_failure
 from clawgym_env.leftovers import RunLock, reap_orphan_episodes
+from clawgym_env.policy.base import SamplingOverrides
 from clawgym_env.redact import redact
 from leaderboards.schema import ResultRow, RowKey, parse_lines
 
@@ -219,7 +220,8 @@ class _Job:
 def run_eval(suite: str | Path, *, harness: str, policy: Any, out: str | Path, samples: int = 1,
              concurrency: int = 2, data: str | Path | None = None, limit: int | None = None,
              sandbox: str = "bwrap", retries: int = 2, episodes_dir: str | Path | None = None,
-             sampling: dict[str, Any] | None = None, judge: Any = None, rerun_infra: bool = False,
+             sampling: SamplingOverrides | Mapping[str, Any] | None = None, judge: Any = None,
+             rerun_infra: bool = False,
              keep_workspace: bool = False, retry_backoff_s: float = 1.0, progress: bool = True,
              adapter: Any = None) -> EvalSummary:
     """Evaluate; see the module doc. ``policy``: a spec string (also the rows' ``policy``) or a backend."""
@@ -295,9 +297,10 @@ class _Runner:
     """Runs one job (with its infrastructure retries) and turns the outcome into a row."""
 
     def __init__(self, rt: Any, adapter: Any, suite_name: str, policy_key: str, retries: int,
-                 sampling: dict[str, Any] | None, judge: Any, keep_workspace: bool, backoff_s: float) -> None:
+                 sampling: SamplingOverrides | Mapping[str, Any] | None, judge: Any, keep_workspace: bool,
+                 backoff_s: float) -> None:
         self.rt, self.adapter, self.suite_name, self.policy_key = rt, adapter, suite_name, policy_key
-        self.retries, self.sampling, self.judge = retries, dict(sampling or {}), judge
+        self.retries, self.sampling, self.judge = retries, SamplingOverrides.of(sampling), judge
         self.keep_workspace, self.backoff_s = keep_workspace, backoff_s
 
     def run_job(self, job: _Job) -> tuple[ResultRow, int]:
@@ -323,7 +326,7 @@ class _Runner:
         scorer_kind = needs_host_scoring(task)
         t0 = time.monotonic()
         try:
-            res = self.rt.run(task, self.adapter, episode_id=episode_id, sampling=self.sampling or None,
+            res = self.rt.run(task, self.adapter, episode_id=episode_id, sampling=self.sampling,
                               keep_workspace=self.keep_workspace, judge=self.judge)
         except Exception as exc:  # noqa: BLE001 - a rollout that could not run is a record, not a crash
             kind = "" if isinstance(exc, ClawGymError) else "unexpected "

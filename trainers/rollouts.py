@@ -18,12 +18,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 import importlib
 import logging
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from clawgym_env.errors import HarnessError
 from clawgym_env.episode import EpisodeResult
-from clawgym_env.runtime import failed_episode
+from clawgym_env.errors import HarnessError
 from clawgym_env.plugins import harnesses, make_harness
+from clawgym_env.policy.base import SamplingOverrides
+from clawgym_env.runtime import failed_episode
 from clawgym_env.task import Task
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,8 @@ def judge_for(tasks: Sequence[Task]) -> Any:
     return env_judge()
 
 
-def run_jobs(runtime, jobs: Sequence[tuple[Task, str]], *, group_size: int = 1, sampling: dict[str, Any] | None = None,
+def run_jobs(runtime, jobs: Sequence[tuple[Task, str]], *, group_size: int = 1,
+             sampling: SamplingOverrides | Mapping[str, Any] | None = None,
              policy_version: int | None = None, concurrency: int = 4, progress: Any = None,
              adapters: dict[str, Any] | None = None, judge: Any = None) -> list[EpisodeResult]:
     """Run ``group_size`` episodes of each ``(task, harness)`` job; results in job order.
@@ -96,6 +98,7 @@ def run_jobs(runtime, jobs: Sequence[tuple[Task, str]], *, group_size: int = 1, 
     ``judge``: the LLM judge for tasks graded by one (None: the runtime's, else the environment's).
     """
     adapters = dict(adapters or {})
+    sampling = SamplingOverrides.of(sampling)
     for _, h in jobs:
         if h not in adapters:
             adapters[h] = make_harness(h)
@@ -104,7 +107,7 @@ def run_jobs(runtime, jobs: Sequence[tuple[Task, str]], *, group_size: int = 1, 
     policy_name = getattr(runtime.policy, "name", "policy")
     extra = {"judge": judge} if judge is not None else {}
     with cf.ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        futs = {pool.submit(runtime.run, t, adapters[h], sampling=dict(sampling or {}),
+        futs = {pool.submit(runtime.run, t, adapters[h], sampling=sampling,
                             policy_version=policy_version, **extra): i for i, (t, h) in enumerate(flat)}
         for fut in cf.as_completed(futs):
             i = futs[fut]
@@ -119,7 +122,8 @@ def run_jobs(runtime, jobs: Sequence[tuple[Task, str]], *, group_size: int = 1, 
 
 
 def evaluate(runtime, tasks: Sequence[Task], harness: str = "mini", *, samples: int = 1,
-             sampling: dict[str, Any] | None = None, concurrency: int = 4, pass_threshold: float = 1.0,
+             sampling: SamplingOverrides | Mapping[str, Any] | None = None, concurrency: int = 4,
+             pass_threshold: float = 1.0,
              progress: Any = None) -> dict[str, Any]:
     """Pass rate of the runtime's policy on ``tasks`` (``samples`` episodes each).
 

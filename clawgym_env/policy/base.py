@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any, Mapping
+
+from clawgym_env.errors import ProxyError
+
+if TYPE_CHECKING:
+    from clawgym_env.task import Task
 
 
 @dataclasses.dataclass
 class SamplingParams:
+    """The sampling parameters of one model call, as the policy receives them."""
+
     max_tokens: int = 1024
     temperature: float = 1.0
     top_p: float = 1.0
@@ -23,6 +31,61 @@ class SamplingParams:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingOverrides:
+    """What an episode imposes on every model call of its harness, whatever the harness asks for.
+
+    One frozen type from the Gym action (:func:`clawgym_env.spaces.action_to_sampling`) or a trainer's
+    config, through :class:`~clawgym_env.runtime.Runtime` and :func:`~clawgym_env.episode.run_episode`,
+    to the proxy's episode session. ``None`` keeps the harness's own value. Invariants (checked at
+    construction, :class:`~clawgym_env.errors.ProxyError` naming the field): ``temperature`` ≥ 0,
+    ``0 < top_p ≤ 1``, ``max_tokens`` ≥ 1 (a cap: the call gets the smaller of it and the request's),
+    ``stop`` a tuple of strings.
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for key, low in (("temperature", 0.0), ("top_p", 0.0), ("max_tokens", 1)):
+            value = getattr(self, key)
+            if value is None:
+                continue
+            bad = isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
+            if bad or value < low or (key == "top_p" and not 0.0 < value <= 1.0):
+                raise ProxyError(f"sampling override {key}={value!r} must be a non-negative number "
+                                 "(top_p in (0, 1], max_tokens at least 1)", field=f"sampling.{key}")
+        if self.max_tokens is not None:
+            object.__setattr__(self, "max_tokens", int(self.max_tokens))
+        if self.stop is not None:
+            stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+            if not all(isinstance(x, str) for x in stop):
+                raise ProxyError(f"sampling override stop={self.stop!r} must be strings", field="sampling.stop")
+            object.__setattr__(self, "stop", stop)
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ProxyError(f"sampling override seed={self.seed!r} must be an integer", field="sampling.seed")
+
+    @classmethod
+    def of(cls, value: "SamplingOverrides | Mapping[str, Any] | None") -> "SamplingOverrides":
+        """``value`` as overrides: itself, ``None`` → none, or a mapping of the field names (others refused)."""
+        if isinstance(value, SamplingOverrides):
+            return value
+        data = dict(value or {})
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(allowed))
+        if unknown:
+            raise ProxyError(f"unknown sampling override(s) {unknown}; allowed: {allowed}", field="sampling")
+        return cls(**{k: v for k, v in data.items() if v is not None})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The overrides that are set (for records on disk)."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()
+                if v is not None}
 
 
 @dataclasses.dataclass
@@ -36,7 +99,7 @@ class GenerationContext:
     episode_id: str = ""
     messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     tools: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    task: Any = None
+    task: Task | None = None
     harness: str | None = None
 
 

@@ -42,17 +42,24 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import uvicorn
 
 from clawgym_env.capture.records import CallRecord
 from clawgym_env.errors import ProxyError
-from clawgym_env.policy.base import PolicyBackend
+from clawgym_env.policy.base import PolicyBackend, SamplingOverrides
 from clawgym_env.proxy.app import DIALECT_ROUTES, SIDE_ROUTES, ProxyApp  # noqa: F401 - re-exported
 from clawgym_env.proxy.limits import DEFAULT_MAX_JSON_DEPTH
-from clawgym_env.proxy.listeners import EPISODE_STATE_KEY, Server, guarded_protocol, tcp_listener, unix_listener
+from clawgym_env.proxy.listeners import (
+    EPISODE_STATE_KEY,
+    Server,
+    guarded_protocol,
+    tcp_listener,
+    unix_listener,
+)
 from clawgym_env.proxy.sessions import EpisodeSession, Limits, SessionRegistry
+from clawgym_env.task import Task
 
 log = logging.getLogger("clawgym.proxy")
 
@@ -197,8 +204,8 @@ class ProxyServer:
         self._sockets, self._uvicorn, self._thread, self._executor = [], None, None, None
         self._tmpdir, self._episode_dir, self.socket_path, self.port = None, None, None, None
 
-    def open_episode(self, episode_id: str | None = None, *, task: Any = None, harness: str | None = None,
-                     sampling: dict[str, Any] | None = None, policy_version: int | None = None,
+    def open_episode(self, episode_id: str | None = None, *, task: Task | None = None, harness: str | None = None,
+                     sampling: SamplingOverrides | Mapping[str, Any] | None = None, policy_version: int | None = None,
                      calls_path: str | Path | None = None) -> EpisodeSession:
         """Register an episode; its harness uses ``session.base_url(server.url)`` on the host, or its own
         unix socket ``session.socket_path`` (created here while the server runs; give it to the sandbox).
@@ -246,8 +253,8 @@ class ProxyServer:
 
 
 def serve_proxy(policy: PolicyBackend, host: str = "127.0.0.1", port: int = 8000, *,
-                uds: str | Path | None = None, episode_id: str | None = None, task: Any = None,
-                harness: str | None = None, sampling: dict[str, Any] | None = None,
+                uds: str | Path | None = None, episode_id: str | None = None, task: Task | None = None,
+                harness: str | None = None, sampling: SamplingOverrides | Mapping[str, Any] | None = None,
                 calls_out: str | Path | None = None, announce: Callable[[str], Any] = print,
                 stop_event: threading.Event | None = None, **server_kwargs: Any) -> list[CallRecord]:
     """Serve in the foreground with one open episode until SIGINT/SIGTERM (or ``stop_event``).

@@ -27,18 +27,30 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from clawgym_env.capture.records import CallRecord, dump_record, read_calls
 from clawgym_env.errors import PolicyError, ProxyError
-from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
+from clawgym_env.policy.base import (
+    Generation,
+    GenerationContext,
+    PolicyBackend,
+    SamplingOverrides,
+    SamplingParams,
+)
 from clawgym_env.policy.chat_format import normalize_messages
 from clawgym_env.proxy.limits import CHARS_PER_TOKEN_BOUND, check_prompt_size
 from clawgym_env.proxy.splice import splice_prompt
-from clawgym_env.proxy.streaming import Segmentation, segment, stop_cut, token_bytes, token_pieces
+from clawgym_env.proxy.streaming import (
+    Segmentation,
+    segment,
+    stop_cut,
+    token_bytes,
+    token_pieces,
+)
 from clawgym_env.redact import forget_secret, redact, register_secret
+from clawgym_env.task import Task
 
-SAMPLING_OVERRIDE_KEYS = ("temperature", "top_p", "max_tokens", "stop", "seed")
 _SECRET_HEADERS = {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie", "set-cookie"}
 _SECRET_WORDS = ("key", "token", "secret", "auth", "password")
 
@@ -96,24 +108,15 @@ class _SpliceStub:
 class EpisodeSession:
     """One episode's view of the proxy: its token, its overrides and its recorded calls."""
 
-    def __init__(self, episode_id: str, *, task: Any = None, harness: str | None = None,
-                 sampling: dict[str, Any] | None = None, policy_version: int | None = None,
+    def __init__(self, episode_id: str, *, task: Task | None = None, harness: str | None = None,
+                 sampling: SamplingOverrides | Mapping[str, Any] | None = None, policy_version: int | None = None,
                  calls_path: str | Path | None = None) -> None:
-        unknown = sorted(set(sampling or {}) - set(SAMPLING_OVERRIDE_KEYS))
-        if unknown:
-            raise ProxyError(f"unknown sampling override(s) {unknown}; allowed: {list(SAMPLING_OVERRIDE_KEYS)}",
-                             field="sampling")
-        for key in ("temperature", "top_p", "max_tokens"):
-            value = (sampling or {}).get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or value < 0 or (key == "max_tokens" and int(value) < 1)):
-                raise ProxyError(f"sampling override {key}={value!r} must be a non-negative number "
-                                 "(max_tokens at least 1)", field=f"sampling.{key}")
+        overrides = SamplingOverrides.of(sampling)  # ProxyError naming the field when invalid
         self.episode_id = episode_id
         self.token = secrets.token_urlsafe(24)
         self.task = task
         self.harness = harness
-        self.sampling_overrides: dict[str, Any] = dict(sampling or {})
+        self.sampling_overrides = overrides
         self.policy_version = policy_version
         self.calls: list[CallRecord] = []  # stays empty with calls_path (records are on disk)
         self.failures: list[CallFailure] = []
@@ -301,16 +304,18 @@ class Limits:
             self.max_prompt_chars = self.max_context * CHARS_PER_TOKEN_BOUND
 
 
-def resolve_sampling(req: TurnRequest, overrides: dict[str, Any], prompt_len: int, limits: Limits) -> SamplingParams:
+def resolve_sampling(req: TurnRequest, overrides: SamplingOverrides, prompt_len: int,
+                     limits: Limits) -> SamplingParams:
     """Request values, replaced by the episode's overrides; max_tokens also capped by the context."""
     max_tokens = req.max_tokens or limits.default_max_tokens
-    if overrides.get("max_tokens") is not None:
-        max_tokens = min(max_tokens, int(overrides["max_tokens"]))
+    if overrides.max_tokens is not None:
+        max_tokens = min(max_tokens, overrides.max_tokens)
     max_tokens = max(1, min(max_tokens, limits.max_context - prompt_len))
 
     def pick(key: str, requested: Any, default: Any) -> Any:
-        if overrides.get(key) is not None:
-            return overrides[key]
+        override = getattr(overrides, key)
+        if override is not None:
+            return override
         return default if requested is None else requested
 
     stop = pick("stop", req.stop or None, [])
