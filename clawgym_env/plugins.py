@@ -33,6 +33,7 @@ from importlib import metadata
 from typing import Any, Iterator
 
 from clawgym_env.errors import RegistrationError
+from clawgym_env.proxy.dialects import builtin_modules
 _MISSING = object()
 
 
@@ -192,10 +193,8 @@ policies = Registry("policy", "clawgym.policies", builtins={"scripted": "clawgym
 algorithms = Registry("algorithm", "clawgym.algorithms")
 """Training algorithms (entry points ``clawgym.algorithms``: a module exporting ``Args`` and ``train``)."""
 
-dialects = Registry("dialect", "clawgym.dialects", builtins={"openai_chat": "clawgym_env.proxy.openai_chat",
-                                         "anthropic_messages": "clawgym_env.proxy.anthropic_messages",
-                                         "openai_responses": "clawgym_env.proxy.openai_responses"})
-"""Wire dialects the serving proxy speaks (modules; see :mod:`clawgym_env.proxy.app`)."""
+dialects = Registry("dialect", "clawgym.dialects", builtins=builtin_modules())
+"""Wire dialects the serving proxy speaks (modules; the table is :data:`clawgym_env.proxy.dialects.DIALECTS`)."""
 
 ALL: tuple[Registry, ...] = (harnesses, suites, graders, sandboxes, policies, algorithms, dialects)
 

@@ -17,11 +17,7 @@ from anthropic import Anthropic
 from clawgym_env.policy.chat_format import assistant_text, normalize_messages, render_prompt_ids, render_prompt_text
 from clawgym_env.proxy.anthropic_messages import signature
 from clawgym_env.proxy.server import ProxyServer
-
-try:
-    from helpers_policy import FAIL, EchoScriptPolicy
-except ImportError:  # tests run as a package
-    from tests.helpers_policy import FAIL, EchoScriptPolicy
+from clawgym_env.testing import FAIL, EchoScriptPolicy
 
 SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
 TOOLS = [{"name": "read_file", "description": "Read a file", "input_schema": SCHEMA,

@@ -21,11 +21,7 @@ import pytest
 
 from clawgym_env.errors import ProxyError
 from clawgym_env.proxy.server import ProxyServer
-
-try:
-    from helpers_policy import FAIL, EchoScriptPolicy
-except ImportError:  # tests run as a package
-    from tests.helpers_policy import FAIL, EchoScriptPolicy
+from clawgym_env.testing import FAIL, EchoScriptPolicy
 
 CHAT = "/chat/completions"
 
@@ -140,7 +136,7 @@ def _closed_within(sock: socket.socket, seconds: float) -> bytes | None:
             if not chunk:
                 return got
             got += chunk
-    except socket.timeout:
+    except TimeoutError:
         return None
 
 
@@ -162,7 +158,7 @@ def test_idle_and_stalled_connections_are_closed(server):
             if slow.recv(4096) == b"":
                 closed = True
                 break
-        except socket.timeout:
+        except TimeoutError:
             pass
     assert closed, "a connection trickling its headers was held open"
 

@@ -20,11 +20,7 @@ from clawgym_env.errors import ProxyError
 from clawgym_env.policy.chat_format import IM_END, assistant_text, parse_assistant, render_prompt_text
 from clawgym_env.proxy.server import ProxyServer, serve_proxy
 from clawgym_env.proxy.streaming import iter_deltas, segment, stop_cut, token_pieces
-
-try:
-    from helpers_policy import FAIL, EchoScriptPolicy
-except ImportError:  # tests run as a package
-    from tests.helpers_policy import FAIL, EchoScriptPolicy
+from clawgym_env.testing import FAIL, EchoScriptPolicy
 
 TOOLS = [{"type": "function", "function": {
     "name": "read_file", "description": "Read a file",

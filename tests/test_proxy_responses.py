@@ -16,11 +16,7 @@ from openai import OpenAI
 
 from clawgym_env.policy.chat_format import assistant_text, normalize_messages, render_prompt_text
 from clawgym_env.proxy.server import ProxyServer
-
-try:
-    from helpers_policy import FAIL, EchoScriptPolicy
-except ImportError:  # tests run as a package
-    from tests.helpers_policy import FAIL, EchoScriptPolicy
+from clawgym_env.testing import FAIL, EchoScriptPolicy
 
 PARAMS = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}
 TOOLS = [{"type": "function", "name": "exec_command", "description": "Run a command", "parameters": PARAMS,

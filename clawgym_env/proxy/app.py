@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,7 +21,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from clawgym_env.errors import PolicyError, ProxyError
-from clawgym_env.proxy import anthropic_messages, openai_chat, openai_responses
+from clawgym_env.proxy import openai_chat
+from clawgym_env.proxy.dialects import DIALECTS, DialectModule, DialectName, DialectSpec
 from clawgym_env.proxy.limits import ClientGone, check_prompt_size, parse_json, read_body
 from clawgym_env.proxy.listeners import EPISODE_STATE_KEY
 from clawgym_env.proxy.sessions import EpisodeSession, TurnMeta, redact_headers, run_turn
@@ -32,16 +33,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("clawgym.proxy")
 
-#: (path under ``/ep/{token}/v1``, dialect module). Later dialects add an entry here.
-DIALECT_ROUTES: list[tuple[str, ModuleType]] = [("/chat/completions", openai_chat),
-                                                ("/messages", anthropic_messages),
-                                                ("/responses", openai_responses)]
-#: (path under ``/ep/{token}/v1``, dialect module, function name): side calls answered from the body
+#: (path under ``/ep/{token}/v1``, dialect), from :data:`~clawgym_env.proxy.dialects.DIALECTS` (add a dialect there).
+DIALECT_ROUTES: list[tuple[str, DialectSpec]] = [(d.path, d) for d in DIALECTS]
+#: (path under ``/ep/{token}/v1``, dialect, function name): side calls answered from the body
 #: and the tokenizer alone, ``fn(body, tokenizer) -> dict``; no policy call and no record.
-SIDE_ROUTES: list[tuple[str, ModuleType, str]] = [("/messages/count_tokens", anthropic_messages, "count_tokens")]
+SIDE_ROUTES: list[tuple[str, DialectSpec, str]] = [(r.path, d, r.function) for d in DIALECTS for r in d.side_routes]
 
 
-def _error(dialect: ModuleType, status: int, message: str, field: str | None = None,
+def _error(dialect: DialectModule, status: int, message: str, field: str | None = None,
            code: str | None = None) -> JSONResponse:
     return JSONResponse(dialect.error_body(status, redact(message), field, code), status_code=status)
 
@@ -49,13 +48,13 @@ def _error(dialect: ModuleType, status: int, message: str, field: str | None = N
 class ProxyApp:
     """The ASGI app's state and handlers (one per :class:`ProxyServer`)."""
 
-    def __init__(self, server: "ProxyServer") -> None:
+    def __init__(self, server: ProxyServer) -> None:
         self.server = server
         routes = [Route("/healthz", self.healthz, methods=["GET"]),
                   Route("/ep/{token}/v1/models", self.models, methods=["GET"]),
                   Route("/ep/{token}/v1/models/{model:path}", self.model, methods=["GET"])]
         routes += [Route("/ep/{token}/v1" + path, self._endpoint(d), methods=["POST"]) for path, d in DIALECT_ROUTES]
-        routes += [Route("/ep/{token}/v1" + path, self._side_endpoint(d, fn), methods=["POST"])
+        routes += [Route("/ep/{token}/v1" + path, self._side_endpoint(d.load(), fn), methods=["POST"])
                    for path, d, fn in SIDE_ROUTES]
         self.app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error,
                                                                 Exception: self._crash})
@@ -71,6 +70,7 @@ class ProxyApp:
         return _error(openai_chat, 500, f"internal proxy error ({type(exc).__name__}); see the proxy log")
 
     async def healthz(self, request: Request) -> Response:
+        """``GET /healthz``."""
         return JSONResponse({"status": "ok"})
 
     @staticmethod
@@ -90,9 +90,11 @@ class ProxyApp:
         return session
 
     async def models(self, request: Request) -> Response:
+        """``GET /ep/{token}/v1/models``: the one served model."""
         return await self._guard(openai_chat, self._models, request)
 
     async def model(self, request: Request) -> Response:
+        """``GET /ep/{token}/v1/models/{id}``."""
         return await self._guard(openai_chat, self._models, request)
 
     async def _models(self, request: Request) -> Response:
@@ -106,7 +108,7 @@ class ProxyApp:
                              field="model", code="model_not_found")
         return JSONResponse(openai_chat.model_body(name, created))
 
-    def _side_endpoint(self, dialect: ModuleType, fn_name: str) -> Callable:
+    def _side_endpoint(self, dialect: DialectModule, fn_name: str) -> Callable:
         async def endpoint(request: Request) -> Response:
             return await self._guard(dialect, self._side, request, getattr(dialect, fn_name))
         return endpoint
@@ -122,12 +124,14 @@ class ProxyApp:
         result = await asyncio.get_running_loop().run_in_executor(executor, fn, body, self.server.policy.tokenizer)
         return JSONResponse(result)
 
-    def _endpoint(self, dialect: ModuleType) -> Callable:
+    def _endpoint(self, spec: DialectSpec) -> Callable:
+        dialect = spec.load()
+
         async def endpoint(request: Request) -> Response:
-            return await self._guard(dialect, self._turn, request, dialect)
+            return await self._guard(dialect, self._turn, request, dialect, spec.name)
         return endpoint
 
-    async def _guard(self, dialect: ModuleType, fn: Callable, request: Request, *args: Any) -> Response:
+    async def _guard(self, dialect: DialectModule, fn: Callable, request: Request, *args: Any) -> Response:
         try:
             return await fn(request, *args)
         except ProxyError as exc:
@@ -156,12 +160,12 @@ class ProxyApp:
         if session is not None:
             session.fail(status, code, message)
 
-    async def _turn(self, request: Request, dialect: ModuleType) -> Response:
+    async def _turn(self, request: Request, dialect: DialectModule, name: DialectName) -> Response:
         started = time.time()
         session = self._session(request)
         body = await self._read_json(request)
         treq = dialect.parse_request(body)
-        meta = TurnMeta(dialect=dialect.NAME, path=request.url.path, body=body,
+        meta = TurnMeta(dialect=name, path=request.url.path, body=body,
                         headers=redact_headers(request.headers), started_at=started)
         executor = self.server._executor
         if executor is None:

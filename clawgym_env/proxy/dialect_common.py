@@ -1,8 +1,8 @@
 """Helpers shared by the Anthropic Messages and OpenAI Responses dialects.
 
-Request side: small validators that raise :class:`ProxyError` (HTTP 400) naming the offending field.
-Response side: :func:`split_output` regroups a finished turn into the pieces both dialects render
-as typed blocks/items (reasoning, text, tool calls), each with its per-token stream chunks.
+Requests are validated by pydantic models (:mod:`~clawgym_env.proxy.requests_base` and the ``requests_*``
+modules); this module holds the response side: :func:`split_output` regroups a finished turn into the pieces
+both dialects render as typed blocks/items (reasoning, text, tool calls), each with its per-token stream chunks.
 
 Invariants:
   * ``"".join(out.reasoning_chunks) == out.reasoning`` (or both empty), ``"".join(out.content_chunks)
@@ -18,72 +18,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import uuid
 from typing import Any
 
-from clawgym_env.errors import ProxyError
 from clawgym_env.proxy.sessions import TurnResult
 from clawgym_env.proxy.streaming import iter_deltas
 
 JOIN = "\n"
 
 
-def bad(message: str, field: str | None) -> ProxyError:
-    return ProxyError(message, status=400, field=field)
-
-
-def number(obj: dict, key: str, lo: float, hi: float) -> float | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or not lo <= value <= hi:
-        raise bad(f"'{key}' must be a number between {lo:g} and {hi:g}, got {value!r}", key)
-    return float(value)
-
-
-def pos_int(obj: dict, key: str, where: str | None = None) -> int | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise bad(f"'{where or key}' must be a positive integer, got {value!r}", where or key)
-    return value
-
-
-def flag(obj: dict, key: str, where: str | None = None) -> bool | None:
-    value = obj.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise bad(f"'{where or key}' must be true or false, got {value!r}", where or key)
-    return value
-
-
-def text_field(obj: dict, key: str, where: str, *, required: bool = True) -> str | None:
-    """``obj[key]`` as a string; missing is an error only when ``required``."""
-    value = obj.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str):
-        raise bad(f"'{where}' must be a string" + (" (required)" if value is None else f", got {value!r}"), where)
-    return value
-
-
-def name_field(obj: dict, key: str, where: str) -> str:
-    value = obj.get(key)
-    if not isinstance(value, str) or not value:
-        raise bad(f"'{where}' is required (a non-empty string)", where)
-    return value
-
-
-def model_field(body: dict) -> str | None:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad("'model' must be a string", "model")
-    return model
-
-
 def new_id(prefix: str) -> str:
+    """``prefix`` + 24 random hex digits (message, response, item ids)."""
     return prefix + uuid.uuid4().hex[:24]
 
 
@@ -106,6 +51,8 @@ def json_object(text: str) -> dict[str, Any] | None:
 
 @dataclasses.dataclass
 class CallOut:
+    """One tool call of a finished turn, with its argument stream chunks."""
+
     id: str
     name: str
     arguments: str  # the JSON string of the recorded response_message
@@ -114,6 +61,8 @@ class CallOut:
 
 @dataclasses.dataclass
 class Output:
+    """A finished turn regrouped for rendering (see the module invariants)."""
+
     reasoning: str  # "" when the turn has no (or empty) reasoning
     reasoning_chunks: list[str]
     content: str

@@ -21,6 +21,8 @@ The request is mapped onto the pipeline's OpenAI-chat shape, then rendered by th
     ``previous_response_id``, ``conversation`` and ``background: true`` need server-side state
     this proxy does not keep (400).
 
+Requests are validated by :mod:`~clawgym_env.proxy.requests_responses`'s models; a 400 names the field.
+
 Response: ``output`` = a ``reasoning`` item (if the model reasoned: the whole reasoning as one
 summary part, plus an opaque, reversible ``encrypted_content`` when ``include`` asks for it), a
 ``message`` item (present unless the turn is only tool calls), ``function_call`` items (``fc_`` id,
@@ -32,114 +34,84 @@ from __future__ import annotations
 import base64
 import binascii
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-from clawgym_env.proxy.dialect_common import (JOIN, bad, flag, model_field, name_field, new_id, number, pos_int,
-                                              reasoning_tokens, split_output, sse, text_field)
+from clawgym_env.proxy.dialect_common import JOIN, new_id, reasoning_tokens, split_output, sse
 from clawgym_env.proxy.openai_chat import error_body as _openai_error_body
+from clawgym_env.proxy.requests_base import bad, validate_body
+from clawgym_env.proxy.requests_responses import (
+    EFFORT_THINKS,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    MessageItem,
+    ReasoningItem,
+    RefusalPart,
+    ResponsesContent,
+    ResponsesRequest,
+    TextPart,
+)
 from clawgym_env.proxy.sessions import TurnRequest, TurnResult
 
-NAME = "openai_responses"
-ROLES = ("user", "system", "developer", "assistant")
 _PLACEHOLDERS = {"input_image": "[image]", "input_file": "[file]", "input_audio": "[audio]"}
 _ENC = "clawgym-reasoning-v1:"  # our "encrypted" reasoning is base64 text, so it round-trips exactly
-_THINK = {"none": False, "minimal": False, "low": True, "medium": True, "high": True, "xhigh": True}
 
 
-def _parts_text(value: Any, field: str) -> str:
+def _parts_text(value: ResponsesContent) -> str:
     if isinstance(value, str):
         return value
-    if not isinstance(value, list):
-        raise bad(f"'{field}' must be a string or a list of content parts", field)
     parts = []
-    for j, part in enumerate(value):
-        f = f"{field}[{j}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text", "text"):
-            parts.append(text_field(part, "text", f"{f}.text"))
-        elif kind == "refusal":
-            parts.append(text_field(part, "refusal", f"{f}.refusal"))
-        elif kind in _PLACEHOLDERS:
-            parts.append(_PLACEHOLDERS[kind])
+    for part in value:
+        if isinstance(part, TextPart):
+            parts.append(part.text)
+        elif isinstance(part, RefusalPart):
+            parts.append(part.refusal)
         else:
-            raise bad(f"'{f}.type' must be input_text, output_text, refusal, input_image, input_file or "
-                      f"input_audio; got {kind!r}", f"{f}.type")
+            parts.append(_PLACEHOLDERS[part.type])
     return JOIN.join(parts)
 
 
-def _reasoning_text(item: dict, field: str) -> str:
-    enc = item.get("encrypted_content")
-    if isinstance(enc, str) and enc.startswith(_ENC):
+def _reasoning_text(item: ReasoningItem) -> str:
+    enc = item.encrypted_content
+    if enc is not None and enc.startswith(_ENC):
         try:
             return base64.b64decode(enc[len(_ENC):], validate=True).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError):
             pass  # not ours after all: fall back to the readable parts
-    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
-        parts = item.get(key)
-        if parts is None:
-            continue
-        if not isinstance(parts, list):
-            raise bad(f"'{field}.{key}' must be a list", f"{field}.{key}")
-        texts = [text_field(p, "text", f"{field}.{key}[{j}].text") for j, p in enumerate(parts)
-                 if isinstance(p, dict) and p.get("type", kind) == kind]
+    for parts in (item.content, item.summary):
+        texts = [p.text for p in parts or [] if isinstance(p, TextPart)]
         if texts:
             return JOIN.join(texts)
     return ""
 
 
-def _messages(body: dict) -> list[dict[str, Any]]:
+def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    instructions = text_field(body, "instructions", "instructions", required=False)
-    if instructions:
-        out.append({"role": "system", "content": instructions})
-    items = body.get("input")
-    if items is None:
-        raise bad("'input' is required: a string or a list of input items", "input")
-    if isinstance(items, str):
-        items = [{"type": "message", "role": "user", "content": items}]
-    if not isinstance(items, list):
-        raise bad(f"'input' must be a string or a list of items, got {type(items).__name__}", "input")
+    if req.instructions:
+        out.append({"role": "system", "content": req.instructions})
+    items = [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
     reasoning: list[str] = []
     open_turn = False  # the last item was assistant output that a function_call may join
-    for i, item in enumerate(items):
-        f = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise bad(f"'{f}' must be an input item object", f)
-        kind = item.get("type", "message")
-        if kind == "reasoning":
-            text = _reasoning_text(item, f)
+    for item in items:
+        if isinstance(item, ReasoningItem):
+            text = _reasoning_text(item)
             if text:
                 reasoning.append(text)
             open_turn = False
             continue
-        if kind == "message":
-            role = item.get("role")
-            if role not in ROLES:
-                raise bad(f"'{f}.role' must be one of {', '.join(ROLES)}; got {role!r}", f"{f}.role")
-            if "content" not in item:
-                raise bad(f"'{f}.content' is required", f"{f}.content")
-            msg: dict[str, Any] = {"role": role, "content": _parts_text(item["content"], f"{f}.content")}
-        elif kind == "function_call":
-            call_id = name_field(item, "call_id", f"{f}.call_id")
-            name = text_field(item, "name", f"{f}.name")  # may be empty: a sampled call sent back
-            args = text_field(item, "arguments", f"{f}.arguments")
-            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+        if isinstance(item, MessageItem):
+            msg: dict[str, Any] = {"role": item.role, "content": _parts_text(item.content)}
+        elif isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
             if open_turn and not reasoning:
                 out[-1].setdefault("tool_calls", []).append(call)
                 continue
             msg = {"role": "assistant", "content": "", "tool_calls": [call]}
-        elif kind == "function_call_output":
-            call_id = name_field(item, "call_id", f"{f}.call_id")
-            if "output" not in item:
-                raise bad(f"'{f}.output' is required", f"{f}.output")
-            msg = {"role": "tool", "tool_call_id": call_id, "content": _parts_text(item["output"], f"{f}.output")}
-        elif kind in ("compaction_trigger", "compaction"):
-            raise bad(f"'{f}.type' {kind!r} (server-side compaction) is not supported: this proxy keeps no "
-                      "state and cannot produce or read an encrypted compaction item; configure the harness to "
-                      "compact on its own side and send the conversation as message/function_call items", f"{f}.type")
-        else:
-            raise bad(f"'{f}.type' must be message, function_call, function_call_output or reasoning; got "
-                      f"{kind!r}", f"{f}.type")
+        elif isinstance(item, FunctionCallOutputItem):
+            msg = {"role": "tool", "tool_call_id": item.call_id, "content": _parts_text(item.output)}
+        else:  # CompactionItem never validates; this keeps the mapping total
+            raise bad("server-side compaction is not supported", "input")
         if msg["role"] == "assistant" and reasoning:
             msg["reasoning_content"] = JOIN.join(reasoning)
         reasoning = []
@@ -150,79 +122,27 @@ def _messages(body: dict) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(body: dict) -> list[dict[str, Any]]:
-    tools = body.get("tools")
-    if tools is None:
+def _tools(req: ResponsesRequest) -> list[dict[str, Any]]:
+    if req.tool_choice == "none":
         return []
-    if not isinstance(tools, list):
-        raise bad("'tools' must be a list of tool objects", "tools")
     out = []
-    for i, tool in enumerate(tools):
-        f = f"tools[{i}]"
-        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
-            raise bad(f"'{f}.type' is required", f"{f}.type")
-        if tool["type"] != "function":
-            continue  # hosted, namespace or custom tools: nothing the template can offer
-        fn: dict[str, Any] = {"name": name_field(tool, "name", f"{f}.name")}
-        desc = text_field(tool, "description", f"{f}.description", required=False)
-        if desc is not None:
-            fn["description"] = desc
-        params = tool.get("parameters")
-        if params is not None and not isinstance(params, dict):
-            raise bad(f"'{f}.parameters' must be a JSON schema object", f"{f}.parameters")
-        if params is not None:
-            fn["parameters"] = params
+    for tool in req.function_tools():  # hosted, namespace or custom tools: nothing the template can offer
+        fn: dict[str, Any] = {"name": tool.name}
+        if tool.description is not None:
+            fn["description"] = tool.description
+        if tool.parameters is not None:
+            fn["parameters"] = tool.parameters
         out.append({"type": "function", "function": fn})
     return out
 
 
-def _offered(body: dict, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    choice = body.get("tool_choice")
-    if choice is None or choice in ("auto", "required"):
-        return tools
-    if choice == "none":
-        return []
-    if isinstance(choice, dict) and isinstance(choice.get("type"), str):
-        if choice["type"] == "function":
-            name = name_field(choice, "name", "tool_choice.name")
-            if name not in {t["function"]["name"] for t in tools}:
-                raise bad(f"'tool_choice' names {name!r}, which is not among the function 'tools'", "tool_choice")
-        return tools
-    raise bad("'tool_choice' must be 'none', 'auto', 'required' or a tool choice object", "tool_choice")
-
-
-def _thinking(body: dict) -> bool | None:
-    cfg = body.get("reasoning")
-    if cfg is None:
-        return None
-    if not isinstance(cfg, dict):
-        raise bad("'reasoning' must be an object", "reasoning")
-    effort = cfg.get("effort")
-    if effort is not None and effort not in _THINK:
-        raise bad(f"'reasoning.effort' must be one of {', '.join(_THINK)}; got {effort!r}", "reasoning.effort")
-    return None if effort is None else _THINK[effort]
-
-
 def parse_request(body: Any) -> TurnRequest:
     """Validate a Responses body and map it (see the module docstring); 400 names the bad field."""
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object", None)
-    for key in ("previous_response_id", "conversation"):
-        if body.get(key) is not None:
-            raise bad(f"'{key}' is not supported: this proxy stores no responses; send the whole conversation "
-                      "in 'input' (store: false)", key)
-    if flag(body, "background"):
-        raise bad("'background' responses are not supported; use stream or a plain request", "background")
-    for key in ("store", "parallel_tool_calls"):
-        flag(body, key)
-    include = body.get("include")
-    if include is not None and (not isinstance(include, list) or not all(isinstance(x, str) for x in include)):
-        raise bad("'include' must be a list of strings", "include")
-    messages = _messages(body)
-    return TurnRequest(messages=messages, tools=_offered(body, _tools(body)),
-                       max_tokens=pos_int(body, "max_output_tokens"),
-                       temperature=number(body, "temperature", 0.0, 2.0), top_p=number(body, "top_p", 0.0, 1.0),
-                       stream=bool(flag(body, "stream")), model=model_field(body), enable_thinking=_thinking(body))
+    req = validate_body(ResponsesRequest, body)
+    effort = req.reasoning.effort if req.reasoning else None
+    return TurnRequest(messages=_messages(req), tools=_tools(req), max_tokens=req.max_output_tokens,
+                       temperature=req.temperature, top_p=req.top_p, stream=bool(req.stream), model=req.model,
+                       enable_thinking=None if effort is None else EFFORT_THINKS[effort])
 
 
 def _items(res: TurnResult) -> list[dict[str, Any]]:
@@ -258,7 +178,8 @@ def _response(res: TurnResult, model: str, rid: str, created: int, output: list[
              "output_tokens": res.completion_tokens,
              "output_tokens_details": {"reasoning_tokens": reasoning_tokens(res)},
              "total_tokens": res.prompt_tokens + res.completion_tokens}
-    reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
+    asked = body.get("reasoning")
+    reasoning: dict[str, Any] = asked if isinstance(asked, dict) else {}
     return {"id": rid, "object": "response", "created_at": created, "status": status, "background": False,
             "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,

@@ -1,12 +1,12 @@
 """The base of the dialects' request models, and the one translation of a validation error into a 400.
 
-Each dialect declares its request body as pydantic models (``requests_openai``, ``requests_anthropic``)
-and validates a parsed JSON body with :func:`validate_body`.
+Each dialect declares its request body as pydantic models (``requests_chat``, ``requests_anthropic``,
+``requests_responses``) and validates a parsed JSON body with :func:`validate_body`.
 
 Invariants:
   * Models are strict (no coercion: ``"1"`` is not an integer, ``true`` is not a number, ``1`` is not a
     string) and ignore unknown fields: harnesses send many fields this proxy has no use for.
-  * Every union is discriminated (by JSON kind, :func:`by_kind`, or by a tag field, :func:`by_field`), so
+  * Every union of alternatives is discriminated (:func:`by_kind`, :func:`by_field`, :func:`by_function`), so
     one input fails in one branch only; union tags are written ``<...>`` and never appear in a field path.
   * :func:`validate_body` returns the model or raises :class:`ProxyError` (HTTP 400) whose ``field`` is the
     path of the first offending value in the body (``messages[3].content``, ``tools[0].function.name``;
@@ -17,9 +17,10 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, Iterable, Mapping, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from clawgym_env.errors import ProxyError
@@ -28,7 +29,7 @@ M = TypeVar("M", bound=BaseModel)
 
 #: Tags of :func:`by_kind` unions, one per JSON kind.
 STRING, ARRAY, OBJECT = "<string>", "<array>", "<object>"
-_KINDS = {str: STRING, list: ARRAY, dict: OBJECT}
+_KINDS: dict[type, str] = {str: STRING, list: ARRAY, dict: OBJECT}
 _RULE = "clawgym_rule"
 _TAG_ERROR = "clawgym_tag:"  # + the tag field's name
 
@@ -92,6 +93,12 @@ def refused(message: str) -> Callable[[Any], Any]:
     return check
 
 
+def _str_or_none(value: Any) -> Any:
+    return value if isinstance(value, str) else None
+
+
+#: A string field tolerated in any other shape (read as absent): ids and titles a harness echoes back.
+LooseStr = Annotated[str | None, BeforeValidator(_str_or_none)]
 #: A positive JSON integer (booleans are not integers).
 PositiveInt = Annotated[int, Field(gt=0)]
 #: A non-empty string (ids and names that must be there).
@@ -136,6 +143,8 @@ def _to_proxy_error(err: ErrorDetails, more: int) -> ProxyError:
         what = f"{err['msg']}; got {_short(got)}"
     elif kind == "missing":
         what = "is required"
+    elif kind in ("too_short", "string_too_short") and not value:
+        what = "must not be empty"
     elif kind == "model_type" and not loc:
         return bad("the request body must be a JSON object", None)
     elif kind == "model_type":

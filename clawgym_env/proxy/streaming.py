@@ -9,8 +9,9 @@ Invariants:
     ids (equal to ``tokenizer.decode(ids)``; if the byte-level fast path ever disagrees, the whole
     text is attributed to the last token instead). A multi-byte character is attributed to the token
     that completes it, so no piece ever holds half a character.
-  * :func:`segment` splits text exactly as :func:`clawgym_env.policy.chat_format.parse_assistant`
-    does (same regexes, same stripping, same handling of invalid tool JSON), but as spans.
+  * There is one assistant-text parser, :func:`clawgym_env.policy.chat_format.segment` (re-exported
+    here); :func:`~clawgym_env.policy.chat_format.parse_assistant` reads the same spans this module
+    streams from, so streamed and non-streamed answers parse alike.
   * For :func:`iter_deltas`: the concatenated ``content`` deltas equal the parsed content, the
     ``reasoning`` deltas the parsed reasoning, the ``tool_args`` deltas of call *i* its arguments,
     and every tool call's ``tool_start`` comes before its ``tool_args``. Deltas follow text order.
@@ -21,13 +22,13 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import functools
-import json
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
-from clawgym_env.policy.chat_format import _THINK_RE, _TOOL_RE, IM_END, ParsedAssistant, new_call_id
+from clawgym_env.policy.chat_format import END_OF_TEXT, Segmentation, ToolCallSpan, segment
 
-END_OF_TEXT = "<|endoftext|>"
-_TAILS = (IM_END, END_OF_TEXT)
+__all__ = ["END_OF_TEXT", "Delta", "Segmentation", "ToolCallSpan", "iter_deltas", "piece_offsets", "segment",
+           "stop_cut", "token_bytes", "token_pieces"]
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -117,113 +118,6 @@ def stop_cut(pieces: Sequence[str], stops: Sequence[str]) -> int | None:
     while keep > 0 and pieces[keep - 1] == "":
         keep -= 1
     return keep
-
-
-# ----------------------------------------------------------------------------- segmentation
-
-@dataclasses.dataclass
-class ToolCallSpan:
-    start: int  # of "<tool_call>"
-    end: int  # after "</tool_call>"
-    id: str
-    name: str
-    arguments: str  # JSON string, as parse_assistant makes it
-    args_span: tuple[int, int] | None  # where ``arguments`` appears verbatim in the text, if it does
-
-
-@dataclasses.dataclass
-class Segmentation:
-    text: str
-    reasoning_span: tuple[int, int] | None
-    content_spans: list[tuple[int, int]]
-    tool_calls: list[ToolCallSpan]
-    errors: list[str]
-
-    @property
-    def content(self) -> str:
-        return "".join(self.text[a:b] for a, b in self.content_spans)
-
-    @property
-    def reasoning(self) -> str | None:
-        return None if self.reasoning_span is None else self.text[slice(*self.reasoning_span)]
-
-    def parsed(self) -> ParsedAssistant:
-        calls = [{"id": t.id, "name": t.name, "arguments": t.arguments} for t in self.tool_calls]
-        return ParsedAssistant(content=self.content, reasoning=self.reasoning, tool_calls=calls,
-                               errors=list(self.errors))
-
-
-def segment(text: str) -> Segmentation:
-    """Locate reasoning, content and tool calls in sampled text (mirrors ``parse_assistant``)."""
-    end = len(text)
-    for tail in _TAILS:
-        if text.endswith(tail):
-            end -= len(tail)
-            break
-    body = text[:end]
-    reasoning_span = None
-    start = 0
-    if "</think>" in body:
-        m = _THINK_RE.match(body)
-        if m:
-            a, b = m.span(1)
-            while a < b and body[a] == "\n":
-                a += 1
-            while b > a and body[b - 1] == "\n":
-                b -= 1
-            reasoning_span = (a, b)
-            start = m.end()
-    kept: list[tuple[int, int]] = []
-    calls: list[ToolCallSpan] = []
-    errors: list[str] = []
-    pos = start
-    for tm in _TOOL_RE.finditer(body, start):
-        kept.append((pos, tm.start()))
-        pos = tm.end()
-        try:
-            obj = json.loads(tm.group(1))
-            name = obj["name"]
-            args = obj.get("arguments", {})
-            if not isinstance(name, str):
-                raise ValueError("name is not a string")
-            arg_str = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-            calls.append(ToolCallSpan(tm.start(), tm.end(), new_call_id(), name, arg_str,
-                                      _args_span(body, tm.span(1), arg_str)))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            errors.append(f"unparseable tool call: {exc}")
-            kept.append(tm.span(0))
-    kept.append((pos, end))
-    return Segmentation(text, reasoning_span, _strip_spans(text, kept), calls, errors)
-
-
-def _args_span(text: str, json_span: tuple[int, int], arg_str: str) -> tuple[int, int] | None:
-    a, b = json_span
-    idx = text.rfind(arg_str, a, b) if arg_str else -1
-    if idx < 0 or text[idx + len(arg_str):b].strip() != "}":
-        return None
-    return idx, idx + len(arg_str)
-
-
-def _strip_spans(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Spans whose joined text is ``"".join(text[a:b] ...).strip()``."""
-    spans = [s for s in spans if s[1] > s[0]]
-    while spans:
-        a, b = spans[0]
-        while a < b and text[a].isspace():
-            a += 1
-        if a < b:
-            spans[0] = (a, b)
-            break
-        spans.pop(0)
-    while spans:
-        a, b = spans[-1]
-        while b > a and text[b - 1].isspace():
-            b -= 1
-        if b > a:
-            spans[-1] = (a, b)
-            break
-        spans.pop()
-    return spans
 
 
 # ----------------------------------------------------------------------------- deltas
