@@ -11,7 +11,7 @@ The loop, per step:
    the sampling temperature and the policy version recorded on every call; ``info`` holds the
    episode record and the captured calls (exact prompt ids, sampled ids, logprobs).
 2. The group's calls become one call tree (``CallTree.from_episodes``) written as JSON lines by
-   :mod:`clawgym_env.capture.tree_io` — the hand-off format; a trainer in any language reads it
+   ``write_trees_jsonl`` — the hand-off format; a trainer in any language reads it
    (one object per tree: ``nodes`` with ``tokens``/``sampled``/``parent``, ``call_leaf``, ``meta``
    with per-episode rewards and ``call_episode``).
 3. The file is read back with plain ``json``; each call's sequence is rebuilt by walking ``parent``
@@ -25,19 +25,23 @@ Run: ``python examples/third_party_loop.py --steps 2`` (CPU, a few minutes; need
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 from pathlib import Path
 
 import gymnasium as gym
 import torch
 
-import clawgym_env  # noqa: F401 - registers the ClawGym/* environment ids
-from clawgym_env.capture.records import CallRecord, EpisodeRecord
-from clawgym_env.capture.tree import CallTree
-from clawgym_env.capture.tree_io import to_jsonl
-from clawgym_env.policy.tiny import build_tiny_qwen3
-from clawgym_env.policy.tokenizer import load_tokenizer
-from clawgym_env.policy.transformers_backend import TransformersPolicy
+# importing clawgym_env registers the ClawGym/* environment ids; its public API is importable from it
+from clawgym_env import (
+    CallRecord,
+    CallTree,
+    EpisodeRecord,
+    TransformersPolicy,
+    load_suite,
+    make_policy,
+    write_trees_jsonl,
+)
 
 SUITE = Path(__file__).resolve().parents[1] / "tasks" / "families" / "count_errors_train"
 
@@ -45,7 +49,7 @@ SUITE = Path(__file__).resolve().parents[1] / "tasks" / "families" / "count_erro
 def call_sequences(tree: dict) -> list[tuple[int, list[int], list[bool]]]:
     """(episode, tokens, sampled flags) of every call of a tree read as plain JSON."""
     nodes = {n["id"]: n for n in tree["nodes"]}
-    call_episode = tree["meta"]["call_episode"]
+    call_episode = tree["meta"].get("call_episode")  # absent or null: the whole tree is one episode
     out = []
     for call, leaf in tree["call_leaf"]:
         chain, nid = [], leaf
@@ -54,7 +58,7 @@ def call_sequences(tree: dict) -> list[tuple[int, list[int], list[bool]]]:
             nid = nodes[nid]["parent"]
         tokens = [t for n in reversed(chain) for t in n["tokens"]]
         sampled = [s for n in reversed(chain) for s in n["sampled"]]
-        out.append((call_episode[call], tokens, sampled))
+        out.append((call_episode[call] if call_episode else 0, tokens, sampled))
     return out
 
 
@@ -87,12 +91,13 @@ def main() -> None:
     ap.add_argument("--out", default="runs/third_party")
     args = ap.parse_args()
 
-    tok = load_tokenizer()
-    model = build_tiny_qwen3(tok, seed=0).train()        # the user's own model ...
-    serving = TransformersPolicy(build_tiny_qwen3(tok, seed=0), tok, name="my-policy")  # ... and its server copy
+    serving = make_policy("tiny", seed=0)                # the serving copy of a tiny random Qwen3 ...
+    assert isinstance(serving, TransformersPolicy)       # (in-process weights: update_weights below)
+    model = copy.deepcopy(serving.model).train()         # ... and the user's own, trained here
+    tok = serving.tokenizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     env = gym.make("ClawGym/Mini-v0", policy=serving, suite=args.suite)
-    task_ids = [t.id for t in env.unwrapped.tasks]
+    task_ids = [t.id for t in load_suite(args.suite)]
     out = Path(args.out)
     for step in range(args.steps):
         trees_file = out / f"trees_step{step}.jsonl"
@@ -109,7 +114,7 @@ def main() -> None:
                               [CallRecord.model_validate(c) for c in info["calls"]]))
             if group and any(calls for _, calls in group):
                 trees.append(CallTree.from_episodes(group))
-        to_jsonl(trees, trees_file)
+        write_trees_jsonl(trees, trees_file)
 
         optimizer.zero_grad()
         rewards, loss = [], torch.zeros(())

@@ -1,15 +1,11 @@
 """Shared helpers for the OpenClaw and Qwen Code tests: real npm-installed harnesses, run in the
-bubblewrap sandbox against the real proxy.
+bubblewrap sandbox against the real proxy. The left-behind process checks they use (``Marked``,
+``Watch``, ``assert_no_survivors``) ship in :mod:`clawgym_env.testing.processes`.
 
 Invariants:
   * :func:`installed` installs through the adapter's own ``install()`` (a no-op when present) and
     skips only when npm itself is missing or the registry cannot be reached; any other install
     failure fails the test;
-  * :class:`Marked` wraps a real adapter without changing what it launches, except that it adds
-    one environment variable carrying a unique marker (and, when asked, points the harness at a
-    wrong episode token, so the real proxy answers 404); :func:`survivors` finds every host
-    process whose command line or environment carries the marker (harnesses that rename their
-    process, as OpenClaw does, keep their environment);
   * :func:`check_expert_episode` states what a solved episode must show (status, reward, token
     ids, every call captured under the episode's own proxy path, no DNS attempt in the logs).
 """
@@ -17,22 +13,16 @@ Invariants:
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import threading
-import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from clawgym_env.errors import HarnessError
-from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
+from clawgym_env.harness import HarnessAdapter
 from clawgym_env.plugins import make_harness
 from clawgym_env.task import Task
 
-MARKER_ENV = "CLAWGYM_TEST_MARKER"
 OFFLINE_HINTS = ("needs npm", "ENOTFOUND", "EAI_AGAIN", "ETIMEDOUT", "ECONNREFUSED", "ENETUNREACH",
                  "network request", "request to https://registry")
 DNS_FAILURES = re.compile(r"ENOTFOUND|EAI_AGAIN|getaddrinfo|ENETUNREACH", re.I)
@@ -85,86 +75,6 @@ def marked_task(task: Task, marker: str, *, timeout_s: float | None = None) -> T
     if timeout_s is not None:
         t.limits.timeout_s = timeout_s
     return t
-
-
-class Marked(HarnessAdapter):
-    """A real adapter, launched as is, plus ``CLAWGYM_TEST_MARKER=<marker>`` in its environment."""
-
-    def __init__(self, inner: HarnessAdapter, marker: str | None = None, *, wrong_token: bool = False) -> None:
-        self.inner = inner
-        self.marker = marker or uuid.uuid4().hex
-        self.wrong_token = wrong_token
-        self.name = inner.name
-        self.dialect = inner.dialect
-
-    def install(self, cache_dir=None) -> None:
-        self.inner.install(cache_dir)
-
-    def ro_paths(self) -> list[Path]:
-        return self.inner.ro_paths()
-
-    def launch(self, task: Task, endpoint: Endpoint, *, home: str) -> LaunchSpec:
-        if self.wrong_token:
-            bogus = f"wrong{self.marker}"
-            endpoint = Endpoint(base_url=endpoint.base_url.replace(endpoint.api_key, bogus), api_key=bogus,
-                                model=endpoint.model)
-        spec = self.inner.launch(task, endpoint, home=home)
-        spec.env = {**spec.env, MARKER_ENV: self.marker}
-        return spec
-
-    def read_output(self, stdout: str, stderr: str) -> HarnessOutput:
-        return self.inner.read_output(stdout, stderr)
-
-
-def survivors(marker: str) -> list[str]:
-    """Host processes (``pid: command``) whose command line or environment holds ``marker``."""
-    me = str(os.getpid())
-    out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
-    found = [ln for ln in out.splitlines() if ln.split(" ", 1)[0] != me]
-    needle = f"{MARKER_ENV}={marker}".encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or proc.name == me:
-            continue
-        try:
-            if needle in (proc / "environ").read_bytes():
-                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                found.append(f"{proc.name}: {cmd[:200]}")
-        except OSError:
-            continue
-    return found
-
-
-class Watch:
-    """Polls :func:`survivors` in a thread while an episode runs, so a test can show that the
-    processes it later expects gone were visible to the same check while they ran."""
-
-    def __init__(self, marker: str, every_s: float = 0.5) -> None:
-        self.marker, self.every_s = marker, every_s
-        self.seen: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.seen.extend(p for p in survivors(self.marker) if p not in self.seen)
-
-    def __enter__(self) -> "Watch":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def assert_no_survivors(marker: str, grace_s: float = 5.0) -> None:
-    """No process carrying ``marker`` is left (waits up to ``grace_s`` for ones being reaped)."""
-    deadline = time.monotonic() + grace_s
-    left = survivors(marker)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = survivors(marker)
-    assert not left, f"harness processes survived the episode: {left}"
 
 
 def hanging_script(tmp_path: Path, marker: str, steps: int) -> Path:

@@ -11,15 +11,21 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.errors import TaskError
+from clawgym_env.testing import JudgeServer
 from tasks import load_suite, resolve_task
-from tasks.clawgym_bench import (BenchGrade, category_scores, grade_bench, hybrid_grade, is_hybrid, judge_rubric,
-                                 load_clawgym_bench, rewrite_hook, score_hybrid, task_files)
+from tasks.clawgym_bench import (
+    BenchGrade,
+    category_scores,
+    grade_bench,
+    hybrid_grade,
+    is_hybrid,
+    judge_rubric,
+    load_clawgym_bench,
+    rewrite_hook,
+    score_hybrid,
+    task_files,
+)
 from tasks.judge import JudgeClient
-
-try:
-    from helpers_judge_server import JudgeServer
-except ImportError:  # run from the repository root as a package
-    from tests.helpers_judge_server import JudgeServer
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tasks" / "fixtures" / "clawgym_bench"
 WS = "/root/.openclaw/workspace"

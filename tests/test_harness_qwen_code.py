@@ -11,16 +11,22 @@ import uuid
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
+from helpers_harness import (
+    check_expert_episode,
+    hanging_script,
+    installed,
+    marked_task,
+    multi_step_tasks,
+)
 
 import clawgym_env  # noqa: F401 - registers the env ids
 from clawgym_env.errors import HarnessError
-from clawgym_env.runtime import RolloutPool, Runtime
 from clawgym_env.harness import Endpoint
+from clawgym_env.runtime import RolloutPool, Runtime
+from clawgym_env.testing import Marked, Watch, assert_no_survivors
 from harness_adapters.install import NODE24, prefix_for
 from harness_adapters.qwen_code import PACKAGE, QwenCodeAdapter
 from harness_adapters.qwen_code.stream import parse_stream
-from helpers_harness import (Marked, Watch, assert_no_survivors, check_expert_episode, installed, marked_task,
-                             multi_step_tasks, hanging_script)
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 

@@ -13,17 +13,20 @@ import pytest
 
 from clawgym_env.episode import prepare_workspace
 from clawgym_env.errors import TaskError
-from tasks import load_suite, resolve_task
 from clawgym_env.task import Task
+from clawgym_env.testing import JudgeServer, free_port
+from tasks import load_suite, resolve_task
 from tasks.extract import extract_file, extract_folder
-from tasks.jobbench import (DATA_ENV, HIDDEN_FILES, JobBenchTask, jobbench_leaderboard_score, load_jobbench,
-                            rubrics_for, score_jobbench)
+from tasks.jobbench import (
+    DATA_ENV,
+    HIDDEN_FILES,
+    JobBenchTask,
+    jobbench_leaderboard_score,
+    load_jobbench,
+    rubrics_for,
+    score_jobbench,
+)
 from tasks.judge import JudgeClient
-
-try:
-    from helpers_judge_server import JudgeServer, free_port
-except ImportError:  # tests run as a package
-    from tests.helpers_judge_server import JudgeServer, free_port
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tasks" / "fixtures" / "jobbench"
 CRIT_RE = re.compile(r"^Criterion (\d+): (.*)$", re.M)

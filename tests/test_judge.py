@@ -7,12 +7,8 @@ import json
 import pytest
 
 from clawgym_env.errors import TaskError
+from clawgym_env.testing import JudgeServer, free_port
 from tasks.judge import ENV_API_KEY, ENV_BASE_URL, ENV_MODEL, JudgeAnswerError, JudgeClient, parse_json_object
-
-try:
-    from helpers_judge_server import JudgeServer, free_port
-except ImportError:  # tests run as a package
-    from tests.helpers_judge_server import JudgeServer, free_port
 
 
 @pytest.fixture(scope="module")

@@ -12,16 +12,12 @@ import pytest
 
 from clawgym_env.env import ClawGymEnv
 from clawgym_env.runtime import Runtime
+from clawgym_env.testing import JudgeServer
 from leaderboards.run import run_eval
 from leaderboards.schema import read_results
 from tasks import load_suite
 from tasks.judge import JudgeClient
 from trainers.rollouts import run_jobs
-
-try:
-    from helpers_judge_server import JudgeServer
-except ImportError:  # run from the repository root as a package
-    from tests.helpers_judge_server import JudgeServer
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tasks" / "fixtures"
 RUBRIC_SCORE = 0.5

@@ -23,11 +23,7 @@ import pytest
 
 from clawgym_env.policy.passthrough import PassthroughPolicy
 from clawgym_env.proxy.server import ProxyServer
-
-try:
-    from helpers_policy import EchoScriptPolicy
-except ImportError:  # tests run as a package
-    from tests.helpers_policy import EchoScriptPolicy
+from clawgym_env.testing import EchoScriptPolicy
 
 CHAT = "/chat/completions"
 

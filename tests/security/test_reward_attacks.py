@@ -23,17 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from clawgym_env.runtime import RolloutPool, Runtime
 from clawgym_env.plugins import make_harness
+from clawgym_env.runtime import RolloutPool, Runtime
+from clawgym_env.testing import JudgeServer
 from tasks import load_suite, load_task_dir
-
-try:
-    from helpers_judge_server import JudgeServer
-except ImportError:  # pytest puts tests/security/ on sys.path, not tests/
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from helpers_judge_server import JudgeServer
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tasks" / "fixtures" / "clawgym_bench"
