@@ -15,15 +15,20 @@ import concurrent.futures as cf
 import logging
 import threading
 import uuid
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from clawgym_env.capture.records import EpisodeRecord
 from clawgym_env.episode import EpisodeResult, run_episode
 from clawgym_env.failures import exception_failure
-from clawgym_env.policy import PolicyBackend
 from clawgym_env.harness import HarnessAdapter
+from clawgym_env.policy import PolicyBackend
 from clawgym_env.task import Task
+
+if TYPE_CHECKING:
+    from clawgym_env.fleet import FleetConfig, FleetProgress, RayFleet
+    from clawgym_env.proxy.server import ProxyServer
 
 
 log = logging.getLogger(__name__)
@@ -51,40 +56,47 @@ class Runtime:
         from clawgym_env.policy import make_policy
 
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.policy_spec: str | None = policy if isinstance(policy, str) else None
+        """The spec string the policy was built from (``None`` for a policy object): what a Ray
+        rollout worker builds its own copy from."""
         self.policy.tokenizer  # noqa: B018 - load it now, not first inside concurrent episodes
         self.sandbox = sandbox
         self.out_dir = Path(out_dir) if out_dir else None
         self.judge = judge
         """LLM judge for tasks graded by one (None: the environment-configured judge)."""
         self._max_context = max_context_tokens
-        self._proxy = None
+        self._proxy: ProxyServer | None = None
         self._lock = threading.Lock()
 
     @property
-    def proxy(self):
+    def proxy(self) -> ProxyServer:
+        """The runtime's serving proxy, started on first use (one for every episode of this runtime)."""
         with self._lock:
             if self._proxy is None:
                 from clawgym_env.proxy.server import ProxyServer
 
-                kwargs = {"max_context_tokens": self._max_context} if self._max_context else {}
-                proxy = ProxyServer(self.policy, **kwargs)
+                proxy = (ProxyServer(self.policy, max_context_tokens=self._max_context) if self._max_context
+                         else ProxyServer(self.policy))
                 proxy.start()
                 self._proxy = proxy
             return self._proxy
 
     def run(self, task: Task, adapter: HarnessAdapter, **kwargs: Any) -> EpisodeResult:
+        """One episode of ``task`` through ``adapter`` on this runtime's proxy (:func:`run_episode`);
+        ``sandbox``, ``out_dir`` and ``judge`` default to the runtime's."""
         kwargs.setdefault("sandbox", self.sandbox)
         kwargs.setdefault("out_dir", self.out_dir)
         kwargs.setdefault("judge", self.judge)
         return run_episode(task, adapter, self.proxy, **kwargs)
 
     def close(self) -> None:
+        """Stop the proxy if it was started (a later episode starts a new one); idempotent."""
         with self._lock:
             if self._proxy is not None:
                 self._proxy.stop()
                 self._proxy = None
 
-    def __enter__(self) -> "Runtime":
+    def __enter__(self) -> Runtime:
         self.proxy  # noqa: B018 - start eagerly inside the with
         return self
 
@@ -93,22 +105,64 @@ class Runtime:
 
 
 class RolloutPool:
-    """Run many episodes concurrently against one runtime (threads; each episode is its own sandbox).
+    """Run many episodes concurrently against one runtime (each episode is its own sandbox).
+
+    ``backend="threads"`` (default): a thread per episode in this process, ``concurrency`` at once,
+    against ``runtime``'s proxy. ``backend="ray"``: a :class:`~clawgym_env.fleet.RayFleet` of rollout
+    workers, one per Ray node, each with its own proxy and a copy of the policy built from
+    ``runtime.policy_spec`` (``concurrency`` is then the per-node cap), or as configured by ``fleet``
+    (a :class:`~clawgym_env.fleet.FleetConfig`, or a started :class:`~clawgym_env.fleet.RayFleet` to
+    share; ``runtime`` may then be ``None``). Both give the same
+    results: one :class:`EpisodeResult` per requested episode, in task order. The Ray workers stay up
+    between :meth:`run` calls until :meth:`close` (or the ``with`` block's end).
 
     >>> with Runtime("scripted:expert") as rt:
     ...     results = RolloutPool(rt, concurrency=4).run(tasks, make_harness("mini"))
     """
 
-    def __init__(self, runtime: Runtime, concurrency: int = 4, progress: bool = True) -> None:
+    def __init__(self, runtime: Runtime | None, concurrency: int = 4, progress: bool = True, *,
+                 backend: Literal["threads", "ray"] = "threads", fleet: FleetConfig | RayFleet | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        if backend not in ("threads", "ray"):
+            raise ValueError(f"backend must be 'threads' or 'ray', not {backend!r}")
+        if backend == "threads" and runtime is None:
+            raise ValueError("the threads backend needs a Runtime")
+        if backend == "ray" and fleet is None:
+            if runtime is None or runtime.policy_spec is None:
+                raise ValueError("the ray backend builds the policy inside each worker from a spec string: create "
+                                 "the Runtime from one (e.g. Runtime('vllm:http://HOST:PORT')) or pass "
+                                 "fleet=FleetConfig(policy=...)")
+            from clawgym_env.fleet import FleetConfig
+
+            fleet = FleetConfig(policy=runtime.policy_spec, sandbox=runtime.sandbox,
+                                out_dir=str(runtime.out_dir) if runtime.out_dir else None,
+                                max_context_tokens=runtime._max_context, judge=runtime.judge,
+                                max_episodes_per_node=concurrency)
         self.runtime = runtime
         self.concurrency = concurrency
         self.progress = progress
+        self.backend = backend
+        self.fleet_config: FleetConfig | None = None
+        self.fleet: RayFleet | None = None
+        """The Ray fleet (``backend="ray"``), started on the first :meth:`run` (or the one given)."""
+        self._owns_fleet = True
+        if fleet is not None:
+            from clawgym_env.fleet import RayFleet
+
+            if isinstance(fleet, RayFleet):
+                self.fleet, self._owns_fleet = fleet, False
+            else:
+                self.fleet_config = fleet
+        self.last_progress: FleetProgress | None = None
+        """The Ray fleet's last progress snapshot (per-node and per-harness counts, episodes/s)."""
 
     def run(self, tasks: Sequence[Task] | Iterable[Task], adapter: HarnessAdapter, *, samples: int = 1,
             **kwargs: Any) -> list[EpisodeResult]:
         """Run ``samples`` episodes of each task; results come back in task order."""
+        if self.backend == "ray":
+            return self._run_ray(tasks, adapter, samples=samples, **kwargs)
+        assert self.runtime is not None
         jobs = [t for t in tasks for _ in range(samples)]
         results: list[EpisodeResult | None] = [None] * len(jobs)
         bar = None
@@ -121,15 +175,60 @@ class RolloutPool:
             for fut in cf.as_completed(futs):
                 i = futs[fut]
                 try:
-                    results[i] = fut.result()
+                    result = fut.result()
                 except Exception as exc:  # noqa: BLE001 - one failed rollout never sinks the batch
                     log.error("episode of %s raised", jobs[i].id, exc_info=exc)
-                    results[i] = failed_episode(jobs[i], adapter.name, getattr(self.runtime.policy, "name", "policy"),
-                                                exc)
+                    result = failed_episode(jobs[i], adapter.name, getattr(self.runtime.policy, "name", "policy"), exc)
+                results[i] = result
                 if bar is not None:
-                    rec = results[futs[fut]].record
+                    rec = result.record
                     bar.set_postfix_str(f"{rec.task_id}: {rec.status} r={rec.reward:.2f}")
                     bar.update(1)
         if bar is not None:
             bar.close()
         return [r for r in results if r is not None]  # all set: every future completed
+
+    def _run_ray(self, tasks: Sequence[Task] | Iterable[Task], adapter: HarnessAdapter, *, samples: int,
+                 **kwargs: Any) -> list[EpisodeResult]:
+        from clawgym_env.fleet import RayFleet
+
+        tasks = list(tasks)
+        bar = None
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(tasks) * samples, desc=f"{adapter.name} episodes (ray)", unit="ep")
+
+        if self.fleet is None:
+            assert self.fleet_config is not None
+            self.fleet = RayFleet(self.fleet_config)
+        before = self.fleet.progress
+
+        def show(p: FleetProgress) -> None:
+            self.last_progress = p
+            if bar is not None:
+                bar.update(p.done - bar.n)
+                bar.set_postfix_str(p.line())
+            if before is not None:
+                before(p)
+
+        self.fleet.progress = show
+        try:
+            return self.fleet.run(tasks, adapter, samples=samples, **kwargs)
+        finally:
+            self.fleet.progress = before
+            if bar is not None:
+                bar.close()
+
+    def close(self) -> None:
+        """Stop the Ray fleet's workers if this pool started them (the threads backend holds nothing
+        between runs; a fleet given to the pool is its owner's to close)."""
+        if self.fleet is not None and self._owns_fleet:
+            self.fleet.close()
+            self.fleet = None
+
+    def __enter__(self) -> RolloutPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,365 @@
+"""The fleet: rollout workers on Ray, a queue with backpressure, and retries that lose nothing.
+
+:class:`RayFleet` starts one :class:`~clawgym_env.fleet.worker.RolloutWorker` actor per Ray node
+(pinned to it, reserving ``capacity * episode_cpus`` CPUs there) and feeds it episodes from one
+queue: a worker never holds more than its node's cap, so the queue, not Ray, holds the backlog.
+
+Faults, each an attempt recorded as an infrastructure failure (:class:`AttemptRecord`) and retried
+on another node while ``max_attempts`` allows:
+
+  * a worker process that dies (killed, out of memory, its node lost): its in-flight episodes end
+    with boundary ``internal``; Ray restarts the worker (``max_worker_restarts``) and a health probe
+    decides when it takes episodes again, or gives it up;
+  * an episode whose attempt ended in a retriable ``infra_error`` (a sandbox that cannot start, a
+    harness with no model answer, a policy or proxy failure, :data:`RETRIABLE_BOUNDARIES`);
+  * an episode with no result by its deadline (a hung harness or sandbox): abandoned (its slot stays
+    taken until the worker returns), its late result ignored.
+
+Invariants: every requested episode ends exactly once (one result per job index, in the caller's
+order; a late or duplicate result of an abandoned attempt is dropped); a result is an attempt's own
+record or, when the worker could not give one, an ``infra_error`` record naming the boundary, never
+a reward of 0 counted as the agent's; the engine's layer rule holds (Ray is imported lazily and only
+here and in :mod:`~clawgym_env.fleet.worker`'s actor).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from clawgym_env.episode import EpisodeResult
+from clawgym_env.errors import ClawGymError
+from clawgym_env.fleet.config import Attempt, AttemptRecord, EpisodeJob, FleetConfig, WorkerInfo
+from clawgym_env.fleet.stats import FleetProgress, FleetStats
+from clawgym_env.fleet.worker import RolloutWorker, infra_result, node_label
+from clawgym_env.harness import HarnessAdapter
+from clawgym_env.task import Task
+
+log = logging.getLogger(__name__)
+PROBE_EVERY_S = 1.0
+"""Seconds between health probes of a worker whose process died (Ray restarts it meanwhile)."""
+
+
+class FleetError(ClawGymError):
+    """The fleet could not start (Ray missing, no node with room, no worker came up)."""
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or a :class:`FleetError` saying how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise FleetError("the ray rollout backend needs Ray: pip install 'clawgym[ray]'") from exc
+    return ray
+
+
+def _cancel(ray: Any, ref: Any) -> None:
+    try:
+        ray.cancel(ref)
+    except Exception as exc:  # noqa: BLE001 - best effort: the result is ignored anyway
+        log.debug("fleet: cancelling an abandoned episode: %s", exc)
+
+
+class _Worker:
+    """The scheduler's view of one worker actor."""
+
+    def __init__(self, info: WorkerInfo, handle: Any) -> None:
+        self.info = info
+        self.handle = handle
+        self.running = 0
+        self.state = "live"  # live | probing | dead
+        self.probe: Any = None
+        self.probe_deadline = 0.0
+        self.next_probe = 0.0
+
+
+class RayFleet:
+    """Rollout workers on a Ray cluster (see the module doc). Use as a context manager or call
+    :meth:`close`; workers stay up between :meth:`run` calls."""
+
+    def __init__(self, config: FleetConfig, *, progress: Callable[[FleetProgress], None] | None = None) -> None:
+        self.config = config
+        self.progress = progress
+        """Called with a snapshot after every dispatch and every ended attempt (from the caller's thread)."""
+        self.workers: list[_Worker] = []
+        self.attempts: list[AttemptRecord] = []
+        """Infrastructure failures of the last batch (retried or final)."""
+        self.stats: FleetStats | None = None
+        self._ray: Any = None
+        self._started_ray = False
+        self._abandoned: dict[Any, int] = {}
+        """Refs of abandoned attempts -> worker index: their slots stay taken until the worker answers."""
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> RayFleet:
+        """Connect to Ray (``config.address``), start one worker per node with room and wait until
+        each serves (idempotent). A node whose worker cannot start is left out, logged."""
+        if self.workers:
+            return self
+        ray = self._ray = import_ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if not ray.is_initialized():
+            ray.init(address=self.config.address, ignore_reinit_error=True)
+            self._started_ray = True
+        actor_cls = ray.remote(RolloutWorker)
+        pending: list[tuple[WorkerInfo, Any]] = []
+        for node in ray.nodes():
+            if not node.get("Alive"):
+                continue
+            res = node.get("Resources", {})
+            cap = self.config.node_capacity(res.get("CPU", 0.0), res.get("memory"))
+            if cap < 1:
+                log.info("fleet: node %s has no room for an episode (resources %s)", node["NodeID"][:6], res)
+                continue
+            index = len(pending)
+            handle = actor_cls.options(
+                num_cpus=cap * self.config.episode_cpus, max_concurrency=cap + 2,
+                max_restarts=self.config.max_worker_restarts, max_task_retries=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+            ).remote(self.config, index, node["NodeID"], cap)
+            pending.append((WorkerInfo(index=index, node_id=node["NodeID"], node=node_label(node["NodeID"]),
+                                       capacity=cap), handle))
+        if not pending:
+            raise FleetError("no Ray node has room for an episode: each needs "
+                             f"{self.config.episode_cpus} CPU(s); lower episode_cpus or add nodes")
+        probes = [h.whoami.remote() for _, h in pending]
+        for (info, handle), probe in zip(pending, probes):
+            try:
+                self.workers.append(_Worker(ray.get(probe, timeout=self.config.start_timeout_s), handle))
+            except Exception as exc:  # noqa: BLE001 - a node whose worker cannot start is left out
+                log.error("fleet: the worker on node %s did not start: %s", info.node, exc)
+                ray.kill(handle, no_restart=True)
+        if not self.workers:
+            raise FleetError("no rollout worker started (see the log for each node's error); check that the "
+                             f"policy {self.config.policy!r} and the sandbox {self.config.sandbox!r} work on the nodes")
+        log.info("fleet: %d worker(s): %s", len(self.workers),
+                 ", ".join(f"{w.info.node} x{w.info.capacity}" for w in self.workers))
+        return self
+
+    def close(self) -> None:
+        """Stop the workers (and the local Ray this fleet started, if it started one)."""
+        ray = self._ray
+        for w in self.workers:
+            try:
+                ray.kill(w.handle, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.workers = []
+        if self._started_ray and ray is not None and ray.is_initialized():
+            ray.shutdown()
+        self._started_ray = False
+
+    def __enter__(self) -> RayFleet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def capacity(self) -> int:
+        """Episodes the live workers run at once."""
+        return sum(w.info.capacity for w in self.workers if w.state != "dead")
+
+    def wait_ready(self, timeout_s: float | None = None) -> int:
+        """Wait until no worker is being probed after a fault (restarted or given up), at most
+        ``timeout_s`` (default ``start_timeout_s``); returns the number of live workers."""
+        self.start()
+        end = time.monotonic() + (self.config.start_timeout_s if timeout_s is None else timeout_s)
+        while any(w.state == "probing" for w in self.workers) and time.monotonic() < end:
+            probes = self._probes()
+            timeout = max(0.0, min(self.config.poll_s, end - time.monotonic()))
+            for ref in self._wait(probes, timeout):
+                self._probed(ref)
+            self._check_probes(time.monotonic())
+        return sum(w.state == "live" for w in self.workers)
+
+    # -- a batch ----------------------------------------------------------------------------------
+    def run(self, tasks: Sequence[Task] | Iterable[Task], adapter: HarnessAdapter, *, samples: int = 1,
+            **kwargs: Any) -> list[EpisodeResult]:
+        """Run ``samples`` episodes of each task across the fleet; results come back in task order,
+        exactly one per requested episode (``kwargs`` go to ``run_episode`` on the workers)."""
+        self.start()
+        ray = self._ray
+        jobs = [EpisodeJob(index=i, task=t, sample=s)
+                for i, (t, s) in enumerate((t, s) for t in tasks for s in range(samples))]
+        results: list[EpisodeResult | None] = [None] * len(jobs)
+        self.attempts = []
+        self.stats = FleetStats(len(jobs), [w.info.node for w in self.workers])
+        queue: collections.deque[tuple[EpisodeJob, int, frozenset[int]]] = collections.deque(
+            (j, 1, frozenset()) for j in jobs)
+        in_flight: dict[Any, Attempt] = {}
+        abandoned = self._abandoned
+        adapter_ref = ray.put(adapter)
+        policy_name = self.config.policy.partition(":")[0]
+
+        def end(attempt: Attempt, result: EpisodeResult) -> None:
+            worker = self.workers[attempt.worker]
+            rec = result.record
+            infra = rec.status == "infra_error"
+            retry = (infra and rec.failure_boundary in self.config.retry_boundaries
+                     and attempt.number < self.config.max_attempts)
+            if infra:
+                self.attempts.append(AttemptRecord(
+                    index=attempt.job.index, task_id=attempt.job.task.id, sample=attempt.job.sample,
+                    attempt=attempt.number, node=worker.info.node, boundary=rec.failure_boundary, error=rec.error,
+                    retried=retry))
+            assert self.stats is not None
+            self.stats.ended(worker.info.node, adapter.name, final=not retry, infra=infra, calls=len(result.calls))
+            if retry:
+                queue.appendleft((attempt.job, attempt.number + 1, attempt.avoid | {attempt.worker}))
+                log.warning("fleet: episode %s#%d attempt %d on %s: %s (%s); retrying elsewhere",
+                            attempt.job.task.id, attempt.job.sample, attempt.number, worker.info.node,
+                            rec.failure_boundary, rec.error)
+            else:
+                rec.logs["fleet_node"] = worker.info.node
+                if attempt.number > 1:
+                    rec.logs["fleet_attempts"] = str(attempt.number)
+                results[attempt.job.index] = result
+            self._report()
+
+        while queue or in_flight:
+            self._dispatch(queue, in_flight, adapter_ref, adapter.name, kwargs)
+            if queue and not any(w.state in ("live", "probing") for w in self.workers):
+                self._give_up(queue, results, adapter, policy_name)
+                if not in_flight:
+                    break
+            waiting = list(in_flight) + list(abandoned) + self._probes()
+            for ref in self._wait(waiting, self.config.poll_s):
+                if ref in abandoned:
+                    self.workers[abandoned.pop(ref)].running -= 1
+                elif ref in in_flight:
+                    attempt = in_flight.pop(ref)
+                    self.workers[attempt.worker].running -= 1
+                    end(attempt, self._collect(ref, attempt, adapter, policy_name))
+                else:
+                    self._probed(ref)
+            now = time.monotonic()
+            for ref, attempt in list(in_flight.items()):
+                if now > attempt.deadline:  # hung: give the slot's result up, retry elsewhere
+                    del in_flight[ref]
+                    abandoned[ref] = attempt.worker
+                    _cancel(ray, ref)
+                    end(attempt, infra_result(
+                        attempt.job.task, adapter.name, policy_name, "internal",
+                        f"no result from the rollout worker on {self.workers[attempt.worker].info.node} within "
+                        f"{attempt.deadline - attempt.started:.0f} s (a hung harness or sandbox); abandoned"))
+            self._check_probes(now)
+        missing = [i for i, r in enumerate(results) if r is None]
+        assert not missing, f"fleet bookkeeping lost episodes {missing}"  # a bug, never a silent loss
+        return [r for r in results if r is not None]
+
+    # -- internals --------------------------------------------------------------------------------
+    def _dispatch(self, queue: collections.deque, in_flight: dict[Any, Attempt], adapter_ref: Any, harness: str,
+                  kwargs: dict[str, Any]) -> None:
+        """Hand queued episodes to workers with a free slot, least loaded first. A retry goes to a
+        worker it has not failed on while such a worker is live (it waits for its slot, and the jobs
+        behind it go first); once it has failed on every live worker, any worker takes it."""
+        assert self.stats is not None
+        while queue:
+            free = sorted((w for w in self.workers if w.state == "live" and w.running < w.info.capacity),
+                          key=lambda w: (w.running / w.info.capacity, w.info.index))
+            live = {w.info.index for w in self.workers if w.state == "live"}
+            pick = next(((worker, pos) for worker in free for pos, (_, _, avoid) in enumerate(queue)
+                         if worker.info.index not in avoid or live <= avoid), None)
+            if pick is None:
+                return
+            worker, pos = pick
+            job, number, avoid = queue[pos]
+            del queue[pos]
+            ref = worker.handle.run.remote(job.task, adapter_ref, kwargs)
+            now = time.monotonic()
+            in_flight[ref] = Attempt(job=job, worker=worker.info.index, number=number, started=now,
+                                     deadline=now + self.config.deadline_for(job.task), avoid=avoid)
+            worker.running += 1
+            self.stats.dispatched(worker.info.node, harness)
+            self._report()
+
+    def _collect(self, ref: Any, attempt: Attempt, adapter: HarnessAdapter, policy_name: str) -> EpisodeResult:
+        ray = self._ray
+        worker = self.workers[attempt.worker]
+        try:
+            result = ray.get(ref)
+            if isinstance(result, EpisodeResult):
+                return result
+            raise TypeError(f"the rollout worker returned {type(result).__name__}, not an EpisodeResult")
+        except ray.exceptions.RayActorError as exc:
+            self._suspect(worker)
+            return infra_result(attempt.job.task, adapter.name, policy_name, "internal",
+                                f"the rollout worker on {worker.info.node} died during the episode "
+                                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+        except Exception as exc:  # noqa: BLE001 - a lost result is an infrastructure failure, retried
+            return infra_result(attempt.job.task, adapter.name, policy_name, "internal",
+                                f"the rollout worker on {worker.info.node} gave no result: {type(exc).__name__}: {exc}")
+
+    def _wait(self, refs: list[Any], timeout: float) -> list[Any]:
+        """The refs that are ready within ``timeout`` (at least one, unless the time runs out)."""
+        if not refs:
+            time.sleep(timeout)
+            return []
+        ready, _ = self._ray.wait(refs, num_returns=1, timeout=timeout)
+        return list(ready)
+
+    def _probes(self) -> list[Any]:
+        return [w.probe for w in self.workers if w.state == "probing" and w.probe is not None]
+
+    def _suspect(self, worker: _Worker) -> None:
+        """A worker's process died: take it out of rotation until a probe answers (Ray restarts it)."""
+        if worker.state != "live":
+            return
+        worker.state, worker.probe, worker.next_probe = "probing", None, time.monotonic()
+        worker.probe_deadline = time.monotonic() + self.config.start_timeout_s
+        self._live_changed()
+        self._check_probes(time.monotonic())
+
+    def _probed(self, ref: Any) -> None:
+        for w in self.workers:
+            if w.state == "probing" and w.probe == ref:
+                try:
+                    info = self._ray.get(ref)
+                    w.info, w.state = info, "live"
+                    log.warning("fleet: the worker on %s is back (pid %d)", info.node, info.pid)
+                    self._live_changed()
+                except Exception as exc:  # noqa: BLE001 - still restarting (or gone: the deadline decides)
+                    w.next_probe = time.monotonic() + PROBE_EVERY_S
+                    log.debug("fleet: the worker on %s does not answer yet: %s", w.info.node, exc)
+                w.probe = None
+
+    def _check_probes(self, now: float) -> None:
+        """Give up workers past their probe deadline; probe again those whose last probe failed."""
+        for w in self.workers:
+            if w.state != "probing":
+                continue
+            if now > w.probe_deadline:
+                w.state, w.probe = "dead", None
+                log.error("fleet: the worker on %s did not come back within %.0f s (restarts exhausted or its "
+                          "node lost); its episodes go to the other workers", w.info.node, self.config.start_timeout_s)
+                self._live_changed()
+            elif w.probe is None and now >= w.next_probe:
+                w.probe = w.handle.whoami.remote()
+
+    def _give_up(self, queue: collections.deque, results: list[EpisodeResult | None], adapter: HarnessAdapter,
+                 policy_name: str) -> None:
+        """No live worker is left: every queued episode ends now, as an infrastructure failure."""
+        assert self.stats is not None
+        while queue:
+            job, number, _ = queue.popleft()
+            results[job.index] = infra_result(job.task, adapter.name, policy_name, "internal",
+                                              f"no live rollout worker left (after {number - 1} attempt(s))")
+            self.stats.given_up(adapter.name)
+        self._report()
+
+    def _live_changed(self) -> None:
+        if self.stats is not None:
+            self.stats.set_live_workers(sum(w.state == "live" for w in self.workers))
+        self._report()
+
+    def _report(self) -> None:
+        if self.progress is not None and self.stats is not None:
+            try:
+                self.progress(self.stats.snapshot())
+            except Exception as exc:  # noqa: BLE001 - a progress view never stops the batch
+                log.warning("fleet: the progress callback raised: %s", exc)

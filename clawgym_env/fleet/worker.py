@@ -1,0 +1,115 @@
+"""The rollout worker: one per node, owning that node's sandboxes, serving proxy and harness installs.
+
+:class:`RolloutWorker` is a plain class; the scheduler makes it a Ray actor (threaded, at most the
+node's cap of episodes at once plus room for health probes) pinned to one node. Inside, it holds one
+started :class:`~clawgym_env.proxy.server.ProxyServer` around a policy built from the fleet's policy
+spec, so a harness's HTTP traffic goes to a proxy in the same process on the same node and never
+crosses the network; only the policy's own traffic (e.g. token ids to remote vLLM engines) does.
+
+Invariants: :meth:`RolloutWorker.run` never raises for a failed episode: it returns exactly one
+:class:`~clawgym_env.episode.EpisodeResult` (a failure inside becomes an ``infra_error`` record with
+its boundary); a task whose folder is not on this node is an ``infra_error`` with boundary ``task``
+(never an empty workspace graded as the agent's); each harness is installed at most once per
+worker process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from clawgym_env.capture.records import EpisodeRecord, FailureBoundary
+from clawgym_env.episode import EpisodeResult, run_episode
+from clawgym_env.failures import exception_failure
+from clawgym_env.fleet.config import FleetConfig, WorkerInfo
+from clawgym_env.harness import HarnessAdapter
+from clawgym_env.task import Task
+
+log = logging.getLogger(__name__)
+
+
+def node_label(node_id: str) -> str:
+    """``<host>:<first 6 hex of the node id>``: short and unique enough for progress lines."""
+    return f"{socket.gethostname()}:{node_id[:6]}"
+
+
+def infra_result(task: Task, harness: str, policy: str, boundary: FailureBoundary, error: str) -> EpisodeResult:
+    """The one record of an episode that ended in an infrastructure failure before or around its run."""
+    rec = EpisodeRecord(episode_id=uuid.uuid4().hex[:16], task_id=task.id, suite=task.suite, harness=harness,
+                        policy=policy, status="infra_error", failure_boundary=boundary, error=error)
+    return EpisodeResult(rec, [])
+
+
+def missing_task_files(task: Task) -> list[str]:
+    """The task's folders that are set but absent on this node (empty: all present)."""
+    return [f"{name} {path}" for name, path in (("task_dir", task.task_dir), ("input_dir", task.input_dir),
+                                                 ("reward_dir", task.reward_dir))
+            if path is not None and not Path(path).exists()]
+
+
+class RolloutWorker:
+    """Runs episodes on its node against its own serving proxy (see the module doc)."""
+
+    def __init__(self, config: FleetConfig, index: int, node_id: str, capacity: int) -> None:
+        from clawgym_env.policy import make_policy
+        from clawgym_env.proxy.server import ProxyServer
+
+        os.environ.update(config.env)
+        self.info = WorkerInfo(index=index, node_id=node_id, node=node_label(node_id), pid=os.getpid(),
+                               capacity=capacity)
+        if config.worker_setup is not None:
+            config.worker_setup(self.info)
+        self.config = config
+        self.policy = make_policy(config.policy)
+        self.policy.tokenizer  # noqa: B018 - load it now, not first inside concurrent episodes
+        self.proxy = (ProxyServer(self.policy, max_context_tokens=config.max_context_tokens)
+                      if config.max_context_tokens else ProxyServer(self.policy))
+        self.proxy.start()  # a ready worker is a serving one
+        self._installed: dict[str, BaseException | None] = {}
+        self._install_lock = threading.Lock()
+
+    def whoami(self) -> WorkerInfo:
+        """The worker's identity (also the scheduler's health probe)."""
+        return self.info
+
+    def _install(self, adapter: HarnessAdapter) -> BaseException | None:
+        with self._install_lock:
+            if adapter.name not in self._installed:
+                try:
+                    adapter.install()
+                    self._installed[adapter.name] = None
+                except Exception as exc:  # noqa: BLE001 - reported per episode, as the harness's infra failure
+                    log.error("worker %s: installing harness %s failed", self.info.node, adapter.name, exc_info=exc)
+                    self._installed[adapter.name] = exc
+            return self._installed[adapter.name]
+
+    def run(self, task: Task, adapter: HarnessAdapter, kwargs: dict[str, Any]) -> EpisodeResult:
+        """One episode of ``task`` through ``adapter`` on this node (``kwargs`` go to ``run_episode``)."""
+        policy_name = getattr(self.policy, "name", "policy")
+        try:
+            missing = missing_task_files(task)
+            if missing:
+                return infra_result(task, adapter.name, policy_name, "task",
+                                    f"task {task.full_id}: {', '.join(missing)} is not on node {self.info.node}; "
+                                    "put the suite on a filesystem every node sees at the same path")
+            failure = self._install(adapter) if self.config.install_harnesses else None
+            if failure is not None:
+                return infra_result(task, adapter.name, policy_name, "harness",
+                                    f"harness {adapter.name} could not be installed on node {self.info.node}: "
+                                    f"{type(failure).__name__}: {failure}")
+            options = {"sandbox": self.config.sandbox, "out_dir": self.config.out_dir, "judge": self.config.judge,
+                       **kwargs}
+            return run_episode(task, adapter, self.proxy, **options)
+        except Exception as exc:  # noqa: BLE001 - one failed rollout never sinks the batch
+            log.error("worker %s: episode of %s raised", self.info.node, task.id, exc_info=exc)
+            verdict = exception_failure(exc)
+            return infra_result(task, adapter.name, policy_name, verdict.boundary or "internal", verdict.error or "")
+
+    def close(self) -> None:
+        """Stop the worker's serving proxy."""
+        self.proxy.stop()
