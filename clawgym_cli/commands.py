@@ -29,6 +29,8 @@ def _episode_json(result) -> dict[str, Any]:
 
 
 def cmd_tasks_list(args) -> int:
+    """``clawgym tasks list``: one line per task of ``--suite`` (or the one ``--task``): full id, category,
+    the instruction's first line; tasks that failed to load are warnings on stderr."""
     from tasks import load_suite, resolve_task
 
     if args.task:
@@ -49,6 +51,8 @@ def _sampling(args) -> SamplingOverrides:
 
 
 def cmd_run(args) -> int:
+    """``clawgym run``: episodes of ``--task`` or ``--suite`` through one harness and policy, records under
+    ``--out``; one JSON line per episode with ``--json``, else a table and the mean reward of scored ones."""
     from clawgym_env.plugins import make_harness
     from clawgym_env.runtime import RolloutPool, Runtime
     from tasks import load_suite, resolve_task
@@ -85,6 +89,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_grade(args) -> int:
+    """``clawgym grade``: the task's grader over an existing workspace folder (no harness, no policy)."""
     from clawgym_env.reward import grade_workspace
     from tasks import load_task_dir, resolve_task
 
@@ -97,11 +102,13 @@ def cmd_grade(args) -> int:
         raise ClawGymError(f"workspace {ws} is not a folder")
     rr = grade_workspace(task, ws, final_message=final, sandbox=args.sandbox)
     out = {"task_id": task.id, "reward": rr.reward, "subscores": rr.subscores, "ok": rr.ok, "reason": rr.reason}
-    print(json.dumps(out) if args.json else f"reward {rr.reward:.3f} {rr.subscores}" + (f" ({rr.reason})" if rr.reason else ""))
+    text = f"reward {rr.reward:.3f} {rr.subscores}" + (f" ({rr.reason})" if rr.reason else "")
+    print(json.dumps(out) if args.json else text)
     return 0
 
 
 def cmd_serve_proxy(args) -> int:
+    """``clawgym serve-proxy``: the serving proxy in the foreground with one open episode, until Ctrl-C."""
     from clawgym_env.policy import make_policy
     from clawgym_env.proxy.server import serve_proxy
 
@@ -110,6 +117,7 @@ def cmd_serve_proxy(args) -> int:
 
 
 def cmd_harness_install(args) -> int:
+    """``clawgym harness install``: install the named harnesses (all with ``--all``) into the cache."""
     from clawgym_env.plugins import harnesses, make_harness
 
     names = harnesses.names() if args.all or not args.names else args.names
@@ -121,6 +129,7 @@ def cmd_harness_install(args) -> int:
 
 
 def cmd_harness_list(args) -> int:
+    """``clawgym harness list``: the registered harness names, one a line."""
     from clawgym_env.plugins import harnesses
 
     for name in harnesses.names():
@@ -129,6 +138,7 @@ def cmd_harness_list(args) -> int:
 
 
 def cmd_tree_show(args) -> int:
+    """``clawgym tree show``: an outline of a call-tree JSONL or an episode's ``calls.jsonl``; HTML/PNG on request."""
     from clawgym_env.capture.tree_show import show
 
     print(show(args.file, html_out=args.html, png_out=args.png, decode=not args.no_decode, width=args.width), end="")
@@ -136,6 +146,7 @@ def cmd_tree_show(args) -> int:
 
 
 def cmd_harness_check(args) -> int:
+    """``clawgym harness check``: the conformance check of one harness (a report; JSON with ``--json``)."""
     from harness_adapters.check import check_harness, report_json
 
     report = check_harness(args.name, task=args.task, policy=args.policy, sandbox=args.sandbox)
@@ -144,6 +155,7 @@ def cmd_harness_check(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    """``clawgym eval``: a resumable evaluation run into ``--out``, then its Pass@1 summary."""
     from leaderboards.metrics import summarize
     from leaderboards.run import run_eval
     from leaderboards.schema import read_results
@@ -151,9 +163,11 @@ def cmd_eval(args) -> int:
     s = run_eval(args.suite, data=args.data, harness=args.harness, policy=args.policy, samples=args.samples,
                  concurrency=args.concurrency, out=args.out, limit=args.limit, sandbox=args.sandbox,
                  retries=args.retries, episodes_dir=args.episodes_dir, rerun_infra=args.rerun_infra,
-                 sampling=_sampling(args), keep_workspace=args.keep_workspace, progress=not args.no_progress)
+                 sampling=_sampling(args), keep_workspace=args.keep_workspace, progress=not args.no_progress,
+                 ray_address=args.ray_address, max_episodes_per_node=args.max_episodes_per_node)
     print(f"{s.out}: {s.ran} episode(s) written, {s.skipped} already done of {s.total}; infra failures "
-          f"{s.infra_failures} (after {s.retried} retries)" + ("; repaired a torn last line" if s.repaired_tail else ""))
+          f"{s.infra_failures} (after {s.retried} retries)"
+          + ("; repaired a torn last line" if s.repaired_tail else ""))
     policy = args.policy.strip()
     for g in summarize(read_results(s.out).rows, by_category=False):
         if g.harness == args.harness and g.policy == policy:
@@ -163,20 +177,23 @@ def cmd_eval(args) -> int:
 
 
 def cmd_leaderboard(args) -> int:
+    """``clawgym leaderboard``: the Markdown/HTML leaderboard from result files; prints what it wrote."""
     from leaderboards.site import build_site
 
-    for name, path in build_site(args.results, args.out).items():
+    for path in build_site(args.results, args.out).values():
         print(f"wrote {path}")
     return 0
 
 
 def cmd_train(args) -> int:
+    """``clawgym train``: one training run from a YAML/JSON config (``algo``: grpo, ppo, sft)."""
     from trainers.train import main_args
 
     return main_args(args)
 
 
 def cmd_quickstart(args) -> int:
+    """``clawgym quickstart``: the CPU demo: a tiny Qwen3, SFT on expert trajectories, then GRPO."""
     from trainers.quickstart import main_args
 
     return main_args(args)

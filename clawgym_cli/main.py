@@ -6,14 +6,27 @@ import argparse
 import logging
 import sys
 
-from clawgym_cli.commands import (cmd_eval, cmd_grade, cmd_harness_check, cmd_harness_install, cmd_harness_list,
-                                  cmd_leaderboard, cmd_quickstart, cmd_run, cmd_serve_proxy, cmd_tasks_list,
-                                  cmd_train, cmd_tree_show)
+from clawgym_cli.commands import (
+    cmd_eval,
+    cmd_grade,
+    cmd_harness_check,
+    cmd_harness_install,
+    cmd_harness_list,
+    cmd_leaderboard,
+    cmd_quickstart,
+    cmd_run,
+    cmd_serve_proxy,
+    cmd_tasks_list,
+    cmd_train,
+    cmd_tree_show,
+)
 from clawgym_env.errors import ClawGymError
 from clawgym_env.redact import redact
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``clawgym`` argument parser: one subcommand per ``cmd_*`` of :mod:`clawgym_cli.commands`,
+    each bound as ``func``."""
     p = argparse.ArgumentParser(prog="clawgym", description="Black-box RL of LLM agents through real agent harnesses.")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
@@ -106,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-tokens", dest="max_tokens", type=int)
     ev.add_argument("--keep-workspace", action="store_true")
     ev.add_argument("--no-progress", action="store_true")
+    ev.add_argument("--ray-address", help="run the episodes on a Ray cluster: 'auto' (a started cluster), 'local' "
+                                          "(start one here) or HOST:PORT; one rollout worker per node")
+    ev.add_argument("--max-episodes-per-node", type=int,
+                    help="with --ray-address: episodes at once per node (default: --concurrency)")
     ev.set_defaults(func=cmd_eval)
 
     lb = sub.add_parser("leaderboard", help="Markdown table, static HTML page and charts from results JSONL files")
@@ -133,6 +150,8 @@ class _RedactingFormatter(logging.Formatter):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The console script: parse ``argv``, run the command; a :class:`ClawGymError` prints one redacted
+    line and exits 2. Log lines are redacted too."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     for handler in logging.getLogger().handlers:  # an upstream error echoing a key never reaches the log

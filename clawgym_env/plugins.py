@@ -29,11 +29,12 @@ import difflib
 import importlib
 import inspect
 import threading
+from collections.abc import Iterator
 from importlib import metadata
-from typing import Any, Iterator
+from typing import Any
 
 from clawgym_env.errors import RegistrationError
-from clawgym_env.proxy.dialects import builtin_modules
+
 _MISSING = object()
 
 
@@ -193,8 +194,13 @@ policies = Registry("policy", "clawgym.policies", builtins={"scripted": "clawgym
 algorithms = Registry("algorithm", "clawgym.algorithms")
 """Training algorithms (entry points ``clawgym.algorithms``: a module exporting ``Args`` and ``train``)."""
 
-dialects = Registry("dialect", "clawgym.dialects", builtins=builtin_modules())
-"""Wire dialects the serving proxy speaks (modules; the table is :data:`clawgym_env.proxy.dialects.DIALECTS`)."""
+dialects = Registry("dialect", "clawgym.dialects", builtins={
+    "openai_chat": "clawgym_env.proxy.openai_chat",
+    "anthropic_messages": "clawgym_env.proxy.anthropic_messages",
+    "openai_responses": "clawgym_env.proxy.openai_responses",
+})
+"""Wire-dialect modules of the serving proxy (their routes: :data:`clawgym_env.proxy.dialects.DIALECTS`, which
+loads each module from here and checks at import that both name the same dialects)."""
 
 ALL: tuple[Registry, ...] = (harnesses, suites, graders, sandboxes, policies, algorithms, dialects)
 

@@ -45,8 +45,9 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from clawgym_env.capture.records import dump_record
 from clawgym_env.errors import ClawGymError, TaskError
@@ -77,7 +78,7 @@ class ResultsFile:
         self.bad_lines = 0
         self.repaired_tail = False
 
-    def __enter__(self) -> "ResultsFile":
+    def __enter__(self) -> ResultsFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
@@ -88,30 +89,31 @@ class ResultsFile:
                             "write to another --out file") from None
         self._fd = fd
         os.fchmod(fd, 0o600)  # run outputs are private to the user
-        self._load_and_repair()
+        self._load_and_repair(fd)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def close(self) -> None:
+        """Close the file, releasing its lock; idempotent."""
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)  # also releases the flock
                 self._fd = None
 
-    def _load_and_repair(self) -> None:
+    def _load_and_repair(self, fd: int) -> None:
         data = self.path.read_bytes()
         if data and not data.endswith(b"\n"):
             cut = data.rfind(b"\n") + 1
             tail = data[cut:].decode("utf-8", errors="replace")
             if parse_lines([tail]).rows:  # complete row whose newline was lost: keep it
-                os.write(self._fd, b"\n")
+                os.write(fd, b"\n")
                 data += b"\n"
             else:  # torn write: drop it, the episode runs again
-                os.ftruncate(self._fd, cut)
+                os.ftruncate(fd, cut)
                 data = data[:cut]
-            os.fsync(self._fd)
+            os.fsync(fd)
             self.repaired_tail = True
         parsed = parse_lines(data.decode("utf-8", errors="replace").splitlines())
         self.rows, self.bad_lines = parsed.rows, parsed.bad_lines
@@ -184,6 +186,8 @@ def default_judge() -> Any:
 
 @dataclasses.dataclass
 class EvalSummary:
+    """What one :func:`run_eval` call did to its results file (counts of this run, not of the file)."""
+
     out: Path
     total: int  # keys asked for
     skipped: int  # already in the results file
@@ -223,8 +227,15 @@ def run_eval(suite: str | Path, *, harness: str, policy: Any, out: str | Path, s
              sampling: SamplingOverrides | Mapping[str, Any] | None = None, judge: Any = None,
              rerun_infra: bool = False,
              keep_workspace: bool = False, retry_backoff_s: float = 1.0, progress: bool = True,
-             adapter: Any = None) -> EvalSummary:
-    """Evaluate; see the module doc. ``policy``: a spec string (also the rows' ``policy``) or a backend."""
+             adapter: Any = None, ray_address: str | None = None,
+             max_episodes_per_node: int | None = None) -> EvalSummary:
+    """Evaluate; see the module doc. ``policy``: a spec string (also the rows' ``policy``) or a backend.
+
+    ``ray_address`` (``"auto"``, ``"local"`` or ``HOST:PORT``) runs the episodes on a Ray fleet
+    (:mod:`clawgym_env.fleet`: one rollout worker per node, at most ``max_episodes_per_node`` episodes
+    each, default ``concurrency``; infrastructure failures retried on another node up to ``retries``
+    times); ``policy`` must then be a spec string each worker builds. Rows are appended as episodes
+    finish, as with threads."""
     if samples < 1 or concurrency < 1 or retries < 0:
         raise TaskError("samples and concurrency must be >= 1 and retries >= 0")
     from clawgym_env.plugins import make_harness
@@ -258,39 +269,87 @@ def run_eval(suite: str | Path, *, harness: str, policy: Any, out: str | Path, s
             return summary
         if judge is None and any(needs_host_scoring(j.task) for j in todo):
             judge = default_judge()
-        from clawgym_env.runtime import Runtime
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
 
-        with Runtime(policy, sandbox=sandbox, out_dir=episodes_dir) as rt:
-            runner = _Runner(rt, adapter, st.name, policy_key, retries, sampling, judge, keep_workspace,
-                             retry_backoff_s)
-            bar = None
-            if progress:
-                from tqdm.auto import tqdm
+            bar = tqdm(total=len(jobs), initial=summary.skipped, unit="ep",
+                       desc=f"{st.name} · {harness} · {policy_key}")
 
-                bar = tqdm(total=len(jobs), initial=summary.skipped, unit="ep",
-                           desc=f"{st.name} · {harness} · {policy_key}")
-            pool = cf.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="clawgym-eval")
-            try:
-                futs = [pool.submit(runner.run_job, j) for j in todo]
-                for fut in cf.as_completed(futs):
-                    row, attempts = fut.result()
-                    results.append(row)
-                    summary.ran += 1
-                    summary.retried += attempts - 1
-                    summary.infra_failures += row.is_infra_failure
-                    if bar is not None:
-                        bar.set_postfix_str(f"{row.task_id}#{row.sample}: {row.status} r={row.reward:.2f}")
-                        bar.update(1)
-            except BaseException:  # Ctrl-C: in-flight episodes are abandoned; a restart redoes them
-                summary.stopped_early = True
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
+        def record(row: ResultRow, attempts: int) -> None:
+            results.append(row)
+            summary.ran += 1
+            summary.retried += attempts - 1
+            summary.infra_failures += row.is_infra_failure
+            if bar is not None:
+                bar.set_postfix_str(f"{row.task_id}#{row.sample}: {row.status} r={row.reward:.2f}")
+                bar.update(1)
+
+        try:
+            if ray_address is not None:
+                _run_on_fleet(todo, adapter, record, policy=policy, address=ray_address, sandbox=sandbox,
+                              episodes_dir=episodes_dir, per_node=max_episodes_per_node or concurrency,
+                              retries=retries, sampling=sampling, keep_workspace=keep_workspace, judge=judge,
+                              suite_name=st.name, policy_key=policy_key)
             else:
-                pool.shutdown(wait=True)
-            finally:
-                if bar is not None:
-                    bar.close()
+                _run_on_threads(todo, adapter, record, policy=policy, sandbox=sandbox,
+                                episodes_dir=episodes_dir, concurrency=concurrency, suite_name=st.name,
+                                policy_key=policy_key, retries=retries, sampling=sampling, judge=judge,
+                                keep_workspace=keep_workspace, backoff_s=retry_backoff_s)
+        except BaseException:  # Ctrl-C: in-flight episodes are abandoned; a restart redoes them
+            summary.stopped_early = True
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
     return summary
+
+
+def _run_on_threads(todo: list[_Job], adapter: Any, record: Callable[[ResultRow, int], None], *, policy: Any,
+                    sandbox: str, episodes_dir: Path, concurrency: int, suite_name: str, policy_key: str,
+                    retries: int, sampling: Any, judge: Any, keep_workspace: bool, backoff_s: float) -> None:
+    """The jobs on a thread pool of this process (one serving proxy), rows recorded as they finish."""
+    from clawgym_env.runtime import Runtime
+
+    with Runtime(policy, sandbox=sandbox, out_dir=episodes_dir) as rt:
+        runner = _Runner(rt, adapter, suite_name, policy_key, retries, sampling, judge, keep_workspace, backoff_s)
+        pool = cf.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="clawgym-eval")
+        try:
+            futs = [pool.submit(runner.run_job, j) for j in todo]
+            for fut in cf.as_completed(futs):
+                record(*fut.result())
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        else:
+            pool.shutdown(wait=True)
+
+
+def _run_on_fleet(todo: list[_Job], adapter: Any, record: Callable[[ResultRow, int], None], *, policy: Any,
+                  address: str, sandbox: str, episodes_dir: Path, per_node: int, retries: int, sampling: Any,
+                  keep_workspace: bool, judge: Any, suite_name: str, policy_key: str) -> None:
+    """The jobs on a Ray fleet; the fleet retries infrastructure failures on other nodes."""
+    from clawgym_env.fleet import FleetConfig, RayFleet
+
+    if not isinstance(policy, str):
+        raise TaskError("with --ray-address the policy must be a spec string each rollout worker can build "
+                        "(e.g. vllm:http://HOST:PORT), not an in-process backend")
+    config = FleetConfig(policy=policy, address=None if address == "local" else address, sandbox=sandbox,
+                         out_dir=str(episodes_dir), max_episodes_per_node=per_node, max_attempts=retries + 1,
+                         judge=judge)
+    runner = _Runner(None, adapter, suite_name, policy_key, retries, sampling, judge, keep_workspace, 0.0)
+
+    def on_result(index: int, res: Any) -> None:
+        job = todo[index]
+        attempts = int(res.record.logs.get("fleet_attempts") or 1)
+        row = runner.row_from_result(job, attempts, res, scorer_kind=needs_host_scoring(job.task))
+        if row.is_infra_failure:
+            row.error = f"infrastructure failure after {attempts} attempt(s): {row.error}"
+        record(row, attempts)
+
+    with RayFleet(config) as fleet:
+        fleet.run_pairs([(j.task, j.sample) for j in todo], adapter, on_result=on_result,
+                        sampling=SamplingOverrides.of(sampling), keep_workspace=keep_workspace)
 
 
 class _Runner:
@@ -304,15 +363,18 @@ class _Runner:
         self.keep_workspace, self.backoff_s = keep_workspace, backoff_s
 
     def run_job(self, job: _Job) -> tuple[ResultRow, int]:
-        row = None
-        for attempt in range(1, self.retries + 2):
+        attempt = 1
+        while True:
             row = self._attempt(job, attempt)
             if not row.is_infra_failure:
                 return row, attempt
             log.warning("%s#%d attempt %d: infrastructure failure (%s): %s", job.task.id, job.sample, attempt,
                         row.failure_boundary or "?", redact(row.error or ""))
-            if attempt <= self.retries and self.backoff_s:
+            if attempt > self.retries:  # the first try and `retries` more
+                break
+            if self.backoff_s:
                 time.sleep(self.backoff_s * attempt)
+            attempt += 1
         row.error = f"infrastructure failure after {row.attempts} attempt(s): {row.error}"
         return row, row.attempts
 
@@ -334,6 +396,13 @@ class _Runner:
             return self._row(job, attempt, status="infra_error", wall_s=time.monotonic() - t0,
                              failure_boundary=exception_failure(exc).boundary,
                              error=f"{kind}{type(exc).__name__}: {exc}")
+        return self.row_from_result(job, attempt, res, scorer_kind=scorer_kind,
+                                    upstream_failures=self._upstream_failures(episode_id))
+
+    def row_from_result(self, job: _Job, attempt: int, res: Any, *, scorer_kind: str | None,
+                        upstream_failures: list[str] | None = None) -> ResultRow:
+        """The results row of one finished episode."""
+        task = job.task
         rec = res.record
         episode_dir = Path(rec.calls_path).parent if rec.calls_path else None
         fields: dict[str, Any] = dict(
@@ -341,7 +410,7 @@ class _Runner:
             wall_s=rec.wall_s, calls_path=rec.calls_path, episode_dir=str(episode_dir) if episode_dir else None,
             error=rec.error, failure_boundary=rec.failure_boundary,
             token_exact=all(c.token_exact for c in res.calls) if res.calls else None)
-        failures = self._upstream_failures(episode_id)
+        failures = upstream_failures or []
         if failures and rec.status != "ok" and rec.is_task_outcome:  # the model API, not the agent, ended it
             fields.update(status="infra_error", failure_boundary="policy",
                           error=f"upstream model API failed: {failures[-1]}"

@@ -179,13 +179,22 @@ class RayFleet:
 
     # -- a batch ----------------------------------------------------------------------------------
     def run(self, tasks: Sequence[Task] | Iterable[Task], adapter: HarnessAdapter, *, samples: int = 1,
-            **kwargs: Any) -> list[EpisodeResult]:
+            on_result: Callable[[int, EpisodeResult], None] | None = None, **kwargs: Any) -> list[EpisodeResult]:
         """Run ``samples`` episodes of each task across the fleet; results come back in task order,
         exactly one per requested episode (``kwargs`` go to ``run_episode`` on the workers)."""
+        return self.run_pairs([(t, s) for t in tasks for s in range(samples)], adapter, on_result=on_result,
+                              **kwargs)
+
+    def run_pairs(self, pairs: Sequence[tuple[Task, int]], adapter: HarnessAdapter, *,
+                  on_result: Callable[[int, EpisodeResult], None] | None = None,
+                  **kwargs: Any) -> list[EpisodeResult]:
+        """Run one episode per ``(task, sample)`` pair; results in pair order, exactly one each.
+
+        ``on_result(index, result)`` is called on the calling thread as each pair's final result
+        arrives (after its retries), e.g. to append it to a resumable results file at once."""
         self.start()
         ray = self._ray
-        jobs = [EpisodeJob(index=i, task=t, sample=s)
-                for i, (t, s) in enumerate((t, s) for t in tasks for s in range(samples))]
+        jobs = [EpisodeJob(index=i, task=t, sample=s) for i, (t, s) in enumerate(pairs)]
         results: list[EpisodeResult | None] = [None] * len(jobs)
         self.attempts = []
         self.stats = FleetStats(len(jobs), [w.info.node for w in self.workers])
@@ -219,12 +228,14 @@ class RayFleet:
                 if attempt.number > 1:
                     rec.logs["fleet_attempts"] = str(attempt.number)
                 results[attempt.job.index] = result
+                if on_result is not None:
+                    on_result(attempt.job.index, result)
             self._report()
 
         while queue or in_flight:
             self._dispatch(queue, in_flight, adapter_ref, adapter.name, kwargs)
             if queue and not any(w.state in ("live", "probing") for w in self.workers):
-                self._give_up(queue, results, adapter, policy_name)
+                self._give_up(queue, results, adapter, policy_name, on_result)
                 if not in_flight:
                     break
             waiting = list(in_flight) + list(abandoned) + self._probes()
@@ -342,7 +353,7 @@ class RayFleet:
                 w.probe = w.handle.whoami.remote()
 
     def _give_up(self, queue: collections.deque, results: list[EpisodeResult | None], adapter: HarnessAdapter,
-                 policy_name: str) -> None:
+                 policy_name: str, on_result: Callable[[int, EpisodeResult], None] | None = None) -> None:
         """No live worker is left: every queued episode ends now, as an infrastructure failure."""
         assert self.stats is not None
         while queue:
@@ -350,6 +361,8 @@ class RayFleet:
             results[job.index] = infra_result(job.task, adapter.name, policy_name, "internal",
                                               f"no live rollout worker left (after {number - 1} attempt(s))")
             self.stats.given_up(adapter.name)
+            if on_result is not None:
+                on_result(job.index, results[job.index])
         self._report()
 
     def _live_changed(self) -> None:

@@ -12,7 +12,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import Executor
+from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,15 +22,44 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from clawgym_env.errors import PolicyError, ProxyError
+from clawgym_env.policy.base import PolicyBackend
 from clawgym_env.proxy import openai_chat
 from clawgym_env.proxy.dialects import DIALECTS, DialectModule, DialectName, DialectSpec
 from clawgym_env.proxy.limits import ClientGone, check_prompt_size, parse_json, read_body
 from clawgym_env.proxy.listeners import EPISODE_STATE_KEY
-from clawgym_env.proxy.sessions import EpisodeSession, TurnMeta, redact_headers, run_turn
+from clawgym_env.proxy.sessions import EpisodeSession, Limits, SessionRegistry, TurnMeta, redact_headers, run_turn
 from clawgym_env.redact import redact
 
-if TYPE_CHECKING:
-    from clawgym_env.proxy.server import ProxyServer
+
+class ProxyHost(Protocol):
+    """What the app reads of the server that hosts it (:class:`~clawgym_env.proxy.server.ProxyServer`)."""
+
+    @property
+    def registry(self) -> SessionRegistry: ...  # noqa: D102 - a field of the host
+
+    @property
+    def limits(self) -> Limits: ...  # noqa: D102 - a field of the host
+
+    @property
+    def policy(self) -> PolicyBackend: ...  # noqa: D102 - a field of the host
+
+    @property
+    def model_name(self) -> str: ...  # noqa: D102 - a field of the host
+
+    @property
+    def created(self) -> float: ...  # noqa: D102 - a field of the host
+
+    @property
+    def max_body_bytes(self) -> int: ...  # noqa: D102 - a field of the host
+
+    @property
+    def read_timeout_s(self) -> float: ...  # noqa: D102 - a field of the host
+
+    @property
+    def max_json_depth(self) -> int: ...  # noqa: D102 - a field of the host
+
+    @property
+    def _executor(self) -> Executor | None: ...
 
 log = logging.getLogger("clawgym.proxy")
 
@@ -48,7 +78,7 @@ def _error(dialect: DialectModule, status: int, message: str, field: str | None 
 class ProxyApp:
     """The ASGI app's state and handlers (one per :class:`ProxyServer`)."""
 
-    def __init__(self, server: ProxyServer) -> None:
+    def __init__(self, server: ProxyHost) -> None:
         self.server = server
         routes = [Route("/healthz", self.healthz, methods=["GET"]),
                   Route("/ep/{token}/v1/models", self.models, methods=["GET"]),

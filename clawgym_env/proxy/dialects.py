@@ -1,9 +1,9 @@
-"""The wire dialects the proxy speaks: one table of their modules, routes and history fields.
+"""The wire dialects the proxy speaks: one table of their routes and history fields.
 
 Invariants:
-  * :data:`DIALECTS` is the only table of dialects: the proxy's routes (``app.py``), the plugin registry's
-    built-in dialects (:func:`builtin_modules`) and the conformance check's history field
-    (:attr:`DialectSpec.history_key`) all derive from it.
+  * :data:`DIALECTS` is the only table of dialect routes: the proxy's routes (``app.py``) and the
+    conformance check's history field (:attr:`DialectSpec.history_key`) derive from it; each dialect's
+    module is the one registered under its name in :data:`clawgym_env.plugins.dialects`.
   * Its names are exactly those of :data:`DialectName`, the type of ``CallRecord.dialect``, which lives with
     the records (the capture package sits below the proxy and may not import it); a dialect added to one
     and not the other fails this module's import.
@@ -15,11 +15,11 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol, cast, get_args
 
 from clawgym_env.capture.records import Dialect
+from clawgym_env.plugins import dialects as dialect_registry
 
 if TYPE_CHECKING:
     from clawgym_env.proxy.sessions import TurnRequest, TurnResult
@@ -60,11 +60,9 @@ class SideRoute:
 
 @dataclasses.dataclass(frozen=True)
 class DialectSpec:
-    """One dialect: its recorded name, module, route and history field."""
+    """One dialect: its recorded name, route and history field (its module: the dialect registry)."""
 
     name: DialectName
-    module: str
-    """The dialect's module (imported by :meth:`load`)."""
     path: str
     """Its route under ``/ep/{token}/v1``."""
     history_key: str
@@ -72,21 +70,22 @@ class DialectSpec:
     side_routes: tuple[SideRoute, ...] = ()
 
     def load(self) -> DialectModule:
-        """The dialect's module (imported on first use)."""
-        return cast(DialectModule, importlib.import_module(self.module))
+        """The dialect's module, registered under its name in :data:`clawgym_env.plugins.dialects`
+        (imported on first use)."""
+        return cast(DialectModule, dialect_registry.load(self.name))
 
 
 DIALECTS: tuple[DialectSpec, ...] = (
-    DialectSpec("openai_chat", "clawgym_env.proxy.openai_chat", "/chat/completions", "messages"),
-    DialectSpec("anthropic_messages", "clawgym_env.proxy.anthropic_messages", "/messages", "messages",
-                (SideRoute("/messages/count_tokens", "count_tokens"),)),
-    DialectSpec("openai_responses", "clawgym_env.proxy.openai_responses", "/responses", "input"),
+    DialectSpec("openai_chat", "/chat/completions", "messages"),
+    DialectSpec("anthropic_messages", "/messages", "messages", (SideRoute("/messages/count_tokens", "count_tokens"),)),
+    DialectSpec("openai_responses", "/responses", "input"),
 )
 NAMES: tuple[DialectName, ...] = tuple(d.name for d in DIALECTS)
 BY_NAME: dict[str, DialectSpec] = {d.name: d for d in DIALECTS}
 
-if NAMES != get_args(DialectName):  # pragma: no cover - a dialect added to one list and not the other
-    raise ImportError(f"DialectName {get_args(DialectName)} and DIALECTS {NAMES} disagree")
+if NAMES != get_args(DialectName) or not all(n in dialect_registry for n in NAMES):  # pragma: no cover
+    raise ImportError(f"DialectName {get_args(DialectName)}, DIALECTS {NAMES} and the dialect registry "
+                      f"{dialect_registry.names()} disagree")
 
 
 def spec(name: str) -> DialectSpec:
@@ -95,8 +94,3 @@ def spec(name: str) -> DialectSpec:
         return BY_NAME[name]
     except KeyError:
         raise KeyError(f"unknown dialect {name!r} (known: {', '.join(NAMES)})") from None
-
-
-def builtin_modules() -> dict[str, str]:
-    """``{name: module}`` of every dialect (the plugin registry's built-ins)."""
-    return {d.name: d.module for d in DIALECTS}
