@@ -14,9 +14,9 @@ import argparse
 import statistics
 import tempfile
 
+from clawgym_env.plugins import harnesses, make_harness
 from clawgym_env.runtime import Runtime
 from harness_adapters.install import install_info
-from clawgym_env.plugins import harnesses, make_harness
 from tasks import resolve_task
 
 

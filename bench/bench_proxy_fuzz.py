@@ -2,8 +2,8 @@
 
 The proxy runs in its own process (a real :class:`ProxyServer`, policy ``scripted:noop`` on the real
 Qwen3 tokenizer, default limits: 32,768-token context, 64 MiB bodies; captured calls stream to
-``calls_path`` files), so its memory is measured alone. Client threads send ``--requests`` requests, drawn at random (seeded) from these families,
-to the three dialects' routes of a few open episodes:
+``calls_path`` files), so its memory is measured alone. Client threads send ``--requests`` requests,
+drawn at random (seeded) from these families, to the three dialects' routes of a few open episodes:
 
   * broken bytes: random bytes, truncated JSON, non-UTF-8, NaN/Infinity, empty, wrong content-type;
   * wrong shapes: every top-level field and message field replaced by a value of another type;

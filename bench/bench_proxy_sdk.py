@@ -144,7 +144,8 @@ def main() -> None:
         times: dict = {}
         errors: list = []
 
-        async def run() -> float:
+        async def run(warm: str, bases: list, calls: int, sessions: int,
+                      served: dict, times: dict, errors: list) -> float:
             for kind in range(3):  # first calls (SDK imports, first connections) are not timed
                 for stream in (False, True):
                     await _session(0, warm, 2, {}, {}, [], kind=kind, stream=stream)
@@ -154,7 +155,7 @@ def main() -> None:
                                    for k, b in enumerate(bases)])
             return time.perf_counter() - t0
 
-        wall = asyncio.run(run())
+        wall = asyncio.run(run(warm, bases, calls, sessions, served, times, errors))
         parent.send("stop")
         captured = parent.recv()
         proc.join(30)

@@ -43,7 +43,8 @@ but the LM head runs on the sampled tokens in every mode (the same count, minus 
 episodes sampled identically), so the wall-time gain grows with the model's layer cost relative to its
 151k-row head. With ``sdpa`` and a dense tree mask, attention over one packed sequence of T tokens
 holds T x T mask entries and scores (on CPU that made the packed step heavier than the flat one, and
-for the synthetic 12-call group slower too); the prefix-cache forward holds only each segment's queries x [ancestors + own] keys.
+for the synthetic 12-call group slower too); the prefix-cache forward holds only each segment's
+queries x [ancestors + own] keys.
 ``attn_implementation="flex_attention"`` (a block-sparse mask, GPU) avoids the T x T tensors too.
 """
 
@@ -147,7 +148,7 @@ def run_mode(args) -> dict:
     else:  # one pack per call, each a plain causal sequence; weights as in the tree: 1 / (G * N_e) per token
         g = groups[0]
         packs = []
-        for (rec, calls), adv in zip(g.episodes, g.advantages):
+        for (_rec, calls), adv in zip(g.episodes, g.advantages):
             n_e = sum(len(c.output_token_ids) for c in calls)
             for c in calls:
                 tree = CallTree.from_calls([c])
@@ -168,7 +169,8 @@ def run_mode(args) -> dict:
             with torch.no_grad():
                 old = token_logprobs(model, p.packed, args.chunk, mask=p.trainable, vocab_limit=policy.vocab_limit,
                                      mask_form=form)
-            w = torch.where(p.trainable, torch.exp(old - p.packed.rollout_logprobs).clamp(max=2.0), torch.zeros_like(old))
+            w = torch.where(p.trainable, torch.exp(old - p.packed.rollout_logprobs).clamp(max=2.0),
+                            torch.zeros_like(old))
             cur = token_logprobs(model, p.packed, args.chunk, mask=p.trainable, vocab_limit=policy.vocab_limit,
                                  mask_form=form)
             loss, _ = grpo_loss(cur, old, w, p, clip_low=0.2, clip_high=0.2)

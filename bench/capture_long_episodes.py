@@ -14,8 +14,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from clawgym_env.runtime import RolloutPool, Runtime
 from clawgym_env.plugins import make_harness
+from clawgym_env.runtime import RolloutPool, Runtime
 from tasks import resolve_task
 
 
@@ -24,8 +24,8 @@ def long_script(steps: int) -> dict:
     for i in range(steps):
         kind = i % 3
         if kind == 0:
-            out.append({"tool": "write_file", "path": f"notes/step_{i}.py",
-                        "content": f"import csv\nrows = list(csv.DictReader(open('orders.csv')))\nprint({i}, len(rows))\n"})
+            script = f"import csv\nrows = list(csv.DictReader(open('orders.csv')))\nprint({i}, len(rows))\n"
+            out.append({"tool": "write_file", "path": f"notes/step_{i}.py", "content": script})
         elif kind == 1:
             out.append({"tool": "bash", "command": f"python3 notes/step_{i - 1}.py > notes/out_{i}.txt; ls notes"})
         else:

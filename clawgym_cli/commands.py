@@ -148,8 +148,9 @@ def cmd_tree_show(args) -> int:
 def cmd_harness_check(args) -> int:
     """``clawgym harness check``: the conformance check of one harness (a report; JSON with ``--json``)."""
     from harness_adapters.check import check_harness, report_json
+    from tasks import resolve_task
 
-    report = check_harness(args.name, task=args.task, policy=args.policy, sandbox=args.sandbox)
+    report = check_harness(args.name, task=resolve_task(args.task), policy=args.policy, sandbox=args.sandbox)
     print(report_json(report) if args.json else report.render())
     return 0
 

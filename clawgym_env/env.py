@@ -24,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 
 from clawgym_env import spaces as cg_spaces
+from clawgym_env.episode import EpisodeResult
 from clawgym_env.errors import TaskError
 from clawgym_env.plugins import load_suite, make_harness
 from clawgym_env.policy import PolicyBackend
@@ -32,10 +33,16 @@ from clawgym_env.task import Suite, Task
 
 
 class ClawGymEnv(gym.Env):
+    """One ClawGym environment: a harness, a policy and a suite, chosen at construction.
+
+    Invariants: ``step`` needs a ``reset`` before it (each task is stepped once); the env closes the
+    :class:`~clawgym_env.runtime.Runtime` only when it built it (not one passed as ``runtime=``)."""
+
     metadata = {"render_modes": []}
 
-    def __init__(self, harness: str = "mini", policy: PolicyBackend | str = "scripted:expert", suite: str | Suite = "builtin",
-                 *, runtime: Runtime | None = None, sandbox: str = "bwrap", out_dir: str | Path | None = None,
+    def __init__(self, harness: str = "mini", policy: PolicyBackend | str = "scripted:expert",
+                 suite: str | Suite = "builtin", *, runtime: Runtime | None = None, sandbox: str = "bwrap",
+                 out_dir: str | Path | None = None,
                  harness_options: dict[str, Any] | None = None, task_ids: list[str] | None = None,
                  judge: Any = None) -> None:
         self.adapter = make_harness(harness, **(harness_options or {}))
@@ -53,10 +60,10 @@ class ClawGymEnv(gym.Env):
         self.observation_space = cg_spaces.observation_space(vocab)
         self.action_space = cg_spaces.action_space()
         self._task: Task | None = None
-        self.last_result = None
+        self.last_result: EpisodeResult | None = None
 
-    def _obs(self, task, result=None) -> dict[str, Any]:
-        calls = ()
+    def _obs(self, task: Task, result: EpisodeResult | None = None) -> dict[str, Any]:
+        calls: tuple[dict[str, Any], ...] = ()
         status = final = ""
         if result is not None:
             calls = tuple({"prompt_token_ids": np.asarray(c.prompt_token_ids, dtype=np.int64),
@@ -68,6 +75,8 @@ class ClawGymEnv(gym.Env):
                 "status": status, "final_message": final, "calls": calls}
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Pick the next task (``options["task_id"]``, else by ``seed`` from the suite); returns its
+        observation (no calls yet) and ``{"task": ...}``."""
         super().reset(seed=seed)
         options = options or {}
         if options.get("task_id"):
@@ -79,6 +88,8 @@ class ClawGymEnv(gym.Env):
         return self._obs(self._task), {"task": self._task.model_dump(mode="json")}
 
     def step(self, action: dict[str, Any] | None):
+        """Run one whole episode on the current task with ``action``'s sampling overrides; returns
+        ``(observation, reward, terminated, truncated, info)``, ``truncated`` when the harness timed out."""
         if self._task is None:
             raise gym.error.ResetNeeded("call reset() before step()")
         sampling, version = cg_spaces.action_to_sampling(action)
@@ -95,5 +106,6 @@ class ClawGymEnv(gym.Env):
         return obs, float(rec.reward), not truncated, truncated, info
 
     def close(self) -> None:
+        """Close the runtime if this env built it (its proxy and policy); idempotent."""
         if self._owns_runtime and getattr(self, "runtime", None) is not None:
             self.runtime.close()

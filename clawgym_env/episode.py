@@ -26,9 +26,10 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from clawgym_env.capture.records import (
     CallRecord,
@@ -134,9 +135,11 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, *, sand
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(root, 0o700)  # run outputs are private to the user
     timings: dict[str, float] = {}
-    record = dict(episode_id=episode_id, task_id=task.id, suite=task.suite, harness=adapter.name,
-                  policy=getattr(proxy.policy, "name", "policy"), sampling=sampling.as_dict(),
-                  policy_version=policy_version if policy_version is not None else getattr(proxy.policy, "version", 0))
+    # the record's fields as they are learnt; validated once, by EpisodeRecord, at the end
+    record: dict[str, Any] = dict(
+        episode_id=episode_id, task_id=task.id, suite=task.suite, harness=adapter.name,
+        policy=getattr(proxy.policy, "name", "policy"), sampling=sampling.as_dict(),
+        policy_version=policy_version if policy_version is not None else getattr(proxy.policy, "version", 0))
     try:
         ws = prepare_workspace(task, root / "workspace")
     except TaskError as exc:  # a broken or hostile task folder: nobody's outcome, never trained or scored
@@ -152,7 +155,9 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, *, sand
     res = None
     network_trace = None
     try:
-        spec = SandboxSpec(workspace_host=ws, workspace_target=task.mount_dir, proxy_socket=Path(session.socket_path),
+        if session.socket_path is None:  # ProxyServer.open_episode gives every episode its own socket
+            raise RuntimeError(f"episode {episode_id}: the proxy opened no socket for it")
+        spec = SandboxSpec(workspace_host=ws, workspace_target=task.mount_dir, proxy_socket=session.socket_path,
                            ro_paths=host_toolchain_paths() + list(adapter.ro_paths()))
         if trace_network:  # DNS queries are then sent (to nobody) and show up, names included, in the trace
             (root / "resolv.conf").write_text("nameserver 127.0.0.1\n")

@@ -23,10 +23,13 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
-INFRA = "infra_error"
+from clawgym_env.capture.records import EpisodeStatus, FailureBoundary
+
+INFRA: EpisodeStatus = "infra_error"
 AGENT_GROWN = ("context_length_exceeded", "prompt_too_long")
 """Refusals of a prompt that grew past the context *after* the policy had answered: the agent's own
 history (its tool outputs, its turns) filled the window — its outcome, like a timeout. Counting them
@@ -41,12 +44,13 @@ class Verdict:
     """``status`` (an :data:`~clawgym_env.capture.records.EpisodeStatus`), ``boundary`` (None when
     ``ok``) and the error text (None when ``ok``)."""
 
-    status: str
-    boundary: str | None = None
+    status: EpisodeStatus
+    boundary: FailureBoundary | None = None
     error: str | None = None
 
     @property
     def infra(self) -> bool:
+        """Whether this is an infrastructure failure (``infra_error``): never trained on, never scored."""
         return self.status == INFRA
 
 
@@ -111,7 +115,8 @@ def classify_run(*, returncode: int | None, timed_out: bool, final_message: str 
                else "ended without an answer")
         return Verdict(INFRA, "harness", f"the harness got no model answer at all: {why}")
     if timed_out:
-        return Verdict("timeout", "harness", f"harness exceeded {timeout_s:.0f} s" if timeout_s else "harness timed out")
+        why = f"harness exceeded {timeout_s:.0f} s" if timeout_s else "harness timed out"
+        return Verdict("timeout", "harness", why)
     if returncode not in (0, None):
         return Verdict("harness_error", "harness", f"harness exited with code {returncode}")
     return Verdict("no_final_answer", "harness", "harness ended without a final answer")

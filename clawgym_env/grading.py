@@ -67,10 +67,12 @@ class GradeResult:
 
     @property
     def ok(self) -> bool:
+        """Whether the verifier ran cleanly (status ``ok``)."""
         return self.status == "ok"
 
     @property
     def valid(self) -> bool:
+        """Whether ``reward`` is a valid reward (any status but ``reward_invalid``)."""
         return self.status != "reward_invalid"
 
 
@@ -81,7 +83,10 @@ class Grader(Protocol):
     name: str
     needs_judge: bool
 
-    def grade(self, ctx: GradeContext) -> GradeResult: ...
+    def grade(self, ctx: GradeContext) -> GradeResult:
+        """Grade the episode described by ``ctx``; a grader that cannot produce a valid reward returns
+        status ``reward_invalid`` rather than a 0."""
+        ...
 
 
 def grader_of(task: Task) -> Grader:

@@ -30,6 +30,8 @@ class Endpoint:
 
 @dataclasses.dataclass
 class LaunchSpec:
+    """How to start a harness inside the sandbox: argv (absolute paths), extra environment, files, cwd."""
+
     argv: list[str]
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     files: dict[str, str | bytes] = dataclasses.field(default_factory=dict)
@@ -39,6 +41,8 @@ class LaunchSpec:
 
 @dataclasses.dataclass
 class HarnessOutput:
+    """What a finished harness process said: its final answer (None: it gave none) and its transcript."""
+
     final_message: str | None
     transcript: list[dict] = dataclasses.field(default_factory=list)
 
@@ -52,10 +56,17 @@ class HarnessAdapter(abc.ABC):
 
     def install(self, cache_dir: Path | None = None) -> None:
         """Install the harness (idempotent). The reference harness needs nothing."""
+        return None
 
     def ro_paths(self) -> list[Path]:
         """Extra host paths the harness needs read-only inside the sandbox (its install dir)."""
         return []
+
+    def missing(self) -> str | None:
+        """Why this harness cannot run here, with the command that fixes it (e.g. its pinned package is
+        not installed: "run `clawgym harness install NAME`"), or None when it can. Cheap and side-effect
+        free: it installs and launches nothing. The reference harness needs nothing."""
+        return None
 
     @abc.abstractmethod
     def launch(self, task: Task, endpoint: Endpoint, *, home: str) -> LaunchSpec:

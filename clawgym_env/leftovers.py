@@ -231,7 +231,7 @@ class RunLock:
         self._tmp_fd: int | None = None
         self._old_tempdir: str | None = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         global _tempdir_owner
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         (self.state_dir / RUNS).mkdir(exist_ok=True, mode=0o700)
@@ -259,6 +259,8 @@ class RunLock:
         self.close()
 
     def close(self) -> None:
+        """Release the run: restore ``tempfile.tempdir``, remove the run's temp and state folders (left
+        for the next run to reap if they cannot be removed), close the locks; idempotent."""
         global _tempdir_owner
         if self._fd is None:
             return

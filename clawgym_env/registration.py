@@ -23,6 +23,7 @@ ENV_IDS: dict[str, str] = {
 
 
 def register_all() -> None:
+    """Register every id of :data:`ENV_IDS` with Gymnasium (idempotent: ids already registered are kept)."""
     for env_id, harness in ENV_IDS.items():
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point=ENTRY_POINT, kwargs={"harness": harness},

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import ClawGymError
-from clawgym_env.grading import GradeContext, GradeResult
+from clawgym_env.grading import GradeContext, GradeResult, GradeStatus
 from clawgym_env.sandbox import SandboxSpec, get_backend
 
 PAYLOAD_PATH = "/tmp/clawgym-reward-payload.json"
@@ -88,6 +88,9 @@ class TaskFolderError(ClawGymError):
 
 @dataclasses.dataclass
 class RewardResult:
+    """The outcome of a task's ``reward.sh`` (and ``check.py`` sub-scores) over one workspace: the
+    reward in [0, 1], whether the verifier ran cleanly, and its output tails."""
+
     reward: float
     subscores: dict[str, float]
     ok: bool
@@ -129,6 +132,8 @@ def _parse_subscores(stdout: str) -> dict[str, float]:
 
 
 def build_payload(task: Any, final_message: str | None, transcript: list[Any] | None) -> dict[str, Any]:
+    """The JSON the verifier reads from ``$OPENCLAW_REWARD_PAYLOAD``: the task, its instruction and
+    metadata, the agent's final message and transcript (empty when absent)."""
     return {"task_id": task.id, "user_query": task.instruction, "metadata": task.metadata,
             "final_message": final_message or "", "transcript": transcript or []}
 
@@ -211,7 +216,9 @@ class ScriptGrader:
     needs_judge = False
 
     def grade(self, ctx: GradeContext) -> GradeResult:
+        """Run the task's ``reward.sh`` over ``ctx.workspace`` in a fresh sandbox; an unusable verifier
+        folder gives ``reward_invalid``, a failing verifier ``reward_error``."""
         rr = grade_workspace(ctx.task, ctx.workspace, final_message=ctx.final_message, transcript=ctx.transcript,
                              sandbox=ctx.sandbox)
-        status = "reward_invalid" if rr.invalid else ("ok" if rr.ok else "reward_error")
+        status: GradeStatus = "reward_invalid" if rr.invalid else ("ok" if rr.ok else "reward_error")
         return GradeResult(rr.reward, rr.subscores, status, rr.reason, self.name, rr.stdout, rr.stderr, rr.wall_s)

@@ -48,6 +48,7 @@ class _ScalarBox(spaces.Box):
 
 
 def observation_space(vocab_size: int) -> spaces.Dict:
+    """The observation ``Dict`` (see the module docstring); token ids range over ``vocab_size``."""
     text = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=TEXT_CHARSET)
     tokens = spaces.Sequence(spaces.Discrete(vocab_size), stack=True)
     logprobs = spaces.Sequence(_ScalarBox(-np.inf, 0.0, shape=(), dtype=np.float32), stack=True)
@@ -57,6 +58,7 @@ def observation_space(vocab_size: int) -> spaces.Dict:
 
 
 def action_space() -> spaces.Dict:
+    """The action ``Dict`` (see the module docstring): sampling overrides and the policy version."""
     return spaces.Dict({
         "temperature": spaces.Box(0.0, 2.0, shape=(), dtype=np.float32),
         "top_p": spaces.Box(0.0, 1.0, shape=(), dtype=np.float32),

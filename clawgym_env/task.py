@@ -18,6 +18,7 @@ or ``expert.json``; ``grader`` names a grader registered in :data:`clawgym_env.p
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ class Task(BaseModel):
 
     @property
     def full_id(self) -> str:
+        """``suite/id`` (just ``id`` for a task outside any suite)."""
         return f"{self.suite}/{self.id}" if self.suite else self.id
 
     @property
@@ -70,6 +72,7 @@ class Task(BaseModel):
 
     @property
     def grading_type(self) -> str:
+        """``metadata["grading_type"]``, ``"automated"`` when unset."""
         return str(self.metadata.get("grading_type") or "automated")
 
 
@@ -92,10 +95,11 @@ class Suite(BaseModel):
     def __len__(self) -> int:
         return len(self.tasks)
 
-    def __iter__(self):  # type: ignore[override]
+    def __iter__(self) -> Iterator[Task]:  # type: ignore[override]  # tasks, not pydantic's (field, value) pairs
         return iter(self.tasks)
 
     def get(self, task_id: str) -> Task:
+        """The task with this id; :class:`TaskError` with close matches (or how to list them) otherwise."""
         from clawgym_env.errors import TaskError
 
         for t in self.tasks:
@@ -110,5 +114,6 @@ class Suite(BaseModel):
             if Path(issue.path).name == task_id:
                 raise TaskError(f"task {task_id!r} in suite {self.name!r} could not be loaded: {issue.error}")
         close = difflib.get_close_matches(task_id, [t.id for t in self.tasks], n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; `clawgym tasks list --suite {self.name}` lists them"
+        hint = (f"; did you mean {', '.join(close)}?" if close
+                else f"; `clawgym tasks list --suite {self.name}` lists them")
         raise TaskError(f"no task {task_id!r} in suite {self.name!r}{hint}")

@@ -38,6 +38,7 @@ def names(dir_fd: int) -> list[bytes]:
 
 
 def kind(mode: int) -> str:
+    """The kind of a file from its ``st_mode``: file, dir, symlink, fifo, socket, device or other."""
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):
@@ -67,6 +68,7 @@ class DirStack:
         self.levels: list[list] = [[b"", root_fd]]
 
     def fd(self) -> int:
+        """An fd of the deepest level, reopened from the nearest open ancestor if it was closed."""
         levels = self.levels
         if levels[-1][1] is None:
             i = len(levels) - 1
@@ -83,23 +85,27 @@ class DirStack:
         return levels[-1][1]
 
     def push(self, name: bytes, fd: int) -> None:
+        """Enter the child folder ``name`` (opened by the caller as ``fd``; the stack owns it now)."""
         if len(self.levels) > HELD_LEVELS and self.levels[-1][1] is not None:
             os.close(self.levels[-1][1])
             self.levels[-1][1] = None
         self.levels.append([name, fd])
 
     def pop(self) -> None:
+        """Leave the deepest level, closing its fd if open."""
         _, fd = self.levels.pop()
         if fd is not None:
             os.close(fd)
 
     def rel(self, name: bytes = b"") -> bytes:
+        """The deepest level's path relative to the root (plus ``name`` when given), as bytes."""
         parts = [lv[0] for lv in self.levels[1:]]
         if name:
             parts.append(name)
         return b"/".join(parts)
 
     def close(self) -> None:
+        """Pop every level but the root (whose fd is the caller's)."""
         while len(self.levels) > 1:
             self.pop()
 

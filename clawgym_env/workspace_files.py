@@ -33,8 +33,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clawgym_env.errors import CopyLimitError, WorkspaceError
-from clawgym_env.tree_walk import (DIR_FLAGS, FILE_FLAGS, PERM, DirStack, Entry, display_path, kind, names,
-                                   open_regular, remove_tree, snapshot, stream_data)
+from clawgym_env.tree_walk import (
+    DIR_FLAGS,
+    FILE_FLAGS,
+    PERM,
+    DirStack,
+    Entry,
+    display_path,
+    kind,
+    names,
+    open_regular,
+    remove_tree,
+    snapshot,
+    stream_data,
+)
 
 __all__ = ["CopyReport", "Entry", "copy_tree", "display_path", "private_tempdir", "remove_tree", "snapshot"]
 

@@ -14,21 +14,22 @@ Adding a harness is: write its adapter, run the check, read the report.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import re
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from clawgym_env.capture.records import CallRecord, EpisodeRecord
+from clawgym_env.errors import HarnessError
+from clawgym_env.plugins import load_suite, make_harness
 from clawgym_env.policy.chat_format import normalize_messages
+from clawgym_env.proxy.dialects import spec as dialect_spec
 from clawgym_env.proxy.splice import turn_key
 from clawgym_env.sandbox.base import DEFAULT_PROXY_PORT
+from clawgym_env.task import Task
 
-DIALECT_MODULES = {"openai_chat": "clawgym_env.proxy.openai_chat",
-                   "anthropic_messages": "clawgym_env.proxy.anthropic_messages",
-                   "openai_responses": "clawgym_env.proxy.openai_responses"}
-RAW_HISTORY_KEY = {"openai_chat": "messages", "anthropic_messages": "messages", "openai_responses": "input"}
 DEFAULT_PROBE_TASK = "builtin/csv_total"
 _CONNECT = re.compile(r'connect\(\d+, \{sa_family=(AF_INET6?), sin6?_port=htons\((\d+)\), '
                       r'(?:sin_addr=inet_addr\("([^"]+)"\)|.*?inet_pton\(AF_INET6, "([^"]+)")')
@@ -36,6 +37,8 @@ _CONNECT = re.compile(r'connect\(\d+, \{sa_family=(AF_INET6?), sin6?_port=htons\
 
 @dataclasses.dataclass
 class ConformanceReport:
+    """What :func:`analyze` found about one harness (see the module doc for each field)."""
+
     harness: str
     status: str
     reward: float
@@ -57,9 +60,11 @@ class ConformanceReport:
     notes: list[str] = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-able data."""
         return dataclasses.asdict(self)
 
     def render(self) -> str:
+        """The report as an aligned two-column text table."""
         def yes(flags: list[bool]) -> str:
             return f"{sum(flags)}/{len(flags)}" if flags else "-"
 
@@ -84,7 +89,7 @@ class ConformanceReport:
 
 def parsed_messages(call: CallRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(normalised OpenAI-chat messages, tools) of a recorded request, through its dialect's parser."""
-    module = importlib.import_module(DIALECT_MODULES[call.dialect])
+    module = dialect_spec(call.dialect).load()
     req = module.parse_request(call.request)
     return normalize_messages(req.messages), list(req.tools)
 
@@ -142,7 +147,8 @@ def _strace_bytes(text: str) -> bytes:
 
 def _dns_qname(packet: bytes) -> str | None:
     """The question name of a DNS query packet (None if it does not parse as one)."""
-    labels, pos = [], 12
+    labels: list[str] = []
+    pos = 12
     while pos < len(packet):
         n = packet[pos]
         if n == 0:
@@ -206,7 +212,7 @@ def analyze(harness: str, record: EpisodeRecord, calls: Sequence[CallRecord]) ->
         if not extends and pm and pm[-1]["role"] == "user" and nm[-1] == pm[-1] and \
                 _same_context(nm[:len(pm) - 1], pm[:-1]):
             rewrites["trailing_context_message_moved"] += 1
-        raw_key = RAW_HISTORY_KEY[prev.dialect]
+        raw_key = dialect_spec(prev.dialect).history_key
         raw_prev, raw_next = prev.request.get(raw_key), nxt.request.get(raw_key)
         if isinstance(raw_prev, list) and isinstance(raw_next, list):
             n = min(len(raw_prev), len(raw_next), j)
@@ -248,19 +254,40 @@ def _same_context(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
     return True
 
 
-def check_harness(harness: str, *, task: str = DEFAULT_PROBE_TASK, policy: str = "scripted:expert",
-                  sandbox: str = "bwrap", out_dir: str | None = None, **adapter_options: Any) -> ConformanceReport:
-    """Install (if needed) and probe ``harness`` with one episode; return the report."""
-    from clawgym_env.runtime import Runtime
-    from clawgym_env.plugins import make_harness
-    from tasks import resolve_task
+def probe_task(spec: Task | str | Path) -> Task:
+    """The probe task: a :class:`Task`, ``SUITE/ID`` or a path to one task dir, found through the
+    suite registry (:func:`clawgym_env.plugins.load_suite`), so the check needs no task package."""
+    if isinstance(spec, Task):
+        return spec
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "data_entry.json").is_file():  # one task dir: load its folder, pick it
+        suite = load_suite(path.resolve().parent)
+        found = [t for t in suite.tasks if t.task_dir is not None and Path(t.task_dir).resolve() == path.resolve()]
+        issue = next((i.error for i in suite.issues if Path(i.path).resolve() == path.resolve()), None)
+        if found:
+            return found[0]
+        raise HarnessError(f"probe task {spec}: {issue or 'not a loadable task dir'}")
+    text = str(spec).rstrip("/")
+    if "/" not in text:
+        raise HarnessError(f"probe task {text!r} must be SUITE/ID or a path to a task dir")
+    head, task_id = text.rsplit("/", 1)
+    return load_suite(head).get(task_id)
 
+
+def check_harness(harness: str, *, task: Task | str | Path = DEFAULT_PROBE_TASK, policy: str = "scripted:expert",
+                  sandbox: str = "bwrap", out_dir: str | None = None, **adapter_options: Any) -> ConformanceReport:
+    """Install (if needed) and probe ``harness`` with one episode on ``task`` (see :func:`probe_task`);
+    return the report."""
+    from clawgym_env.runtime import Runtime
+
+    probe = probe_task(task)
     adapter = make_harness(harness, **adapter_options)
     adapter.install()
     with Runtime(policy, sandbox=sandbox, out_dir=out_dir) as rt:
-        result = rt.run(resolve_task(task), adapter, trace_network=True)
+        result = rt.run(probe, adapter, trace_network=True)
     return analyze(adapter.name, result.record, result.calls)
 
 
 def report_json(report: ConformanceReport) -> str:
+    """The report as indented JSON."""
     return json.dumps(report.as_dict(), indent=2)

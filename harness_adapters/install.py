@@ -25,6 +25,8 @@ MARKER = ".clawgym-installed"
 
 @dataclasses.dataclass(frozen=True)
 class NpmPackage:
+    """One pinned npm package and the executable it installs."""
+
     name: str      # npm package name, e.g. "@anthropic-ai/claude-code"
     version: str   # pinned version
     bin: str       # the executable under node_modules/.bin
@@ -32,10 +34,12 @@ class NpmPackage:
 
     @property
     def slug(self) -> str:
+        """The name as a folder name (``@scope/name`` → ``scope-name``)."""
         return self.name.replace("@", "").replace("/", "-")
 
     @property
     def spec(self) -> str:
+        """``name@version``, as npm takes it."""
         return f"{self.name}@{self.version}"
 
 
@@ -43,14 +47,17 @@ NODE24 = NpmPackage("node", "24.21.0", "node")
 
 
 def harness_cache(cache_dir: str | os.PathLike | None = None) -> Path:
+    """``cache_dir`` when given, else ``<project cache>/harnesses``."""
     return Path(cache_dir) if cache_dir else _cache_root() / "harnesses"
 
 
 def prefix_for(pkg: NpmPackage, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The npm prefix ``pkg`` is (or would be) installed into."""
     return harness_cache(cache_dir) / f"{pkg.slug}-{pkg.version}"
 
 
 def is_installed(pkg: NpmPackage, cache_dir: str | os.PathLike | None = None) -> bool:
+    """Whether an install of ``pkg`` completed (its marker exists)."""
     return (prefix_for(pkg, cache_dir) / MARKER).exists()
 
 
@@ -62,8 +69,9 @@ def bin_path(pkg: NpmPackage, cache_dir: str | os.PathLike | None = None) -> Pat
     return link.resolve()
 
 
-def node_binary(cache_dir: str | os.PathLike | None = None, min_major: int = 24) -> Path:
-    """A Node binary of at least ``min_major``: the system's when new enough, else npm's ``node@24``."""
+def find_node(cache_dir: str | os.PathLike | None = None, min_major: int = 24) -> Path | None:
+    """A Node binary of at least ``min_major`` that is already here (the system's when new enough,
+    else an installed npm ``node@24``), or None; installs nothing."""
     system = shutil.which("node")
     if system:
         try:
@@ -72,6 +80,17 @@ def node_binary(cache_dir: str | os.PathLike | None = None, min_major: int = 24)
                 return Path(system).resolve()
         except (OSError, ValueError, subprocess.TimeoutExpired):
             pass
+    if min_major <= int(NODE24.version.split(".")[0]) and is_installed(NODE24, cache_dir):
+        return bin_path(NODE24, cache_dir)
+    return None
+
+
+def node_binary(cache_dir: str | os.PathLike | None = None, min_major: int = 24) -> Path:
+    """A Node binary of at least ``min_major``: the system's when new enough, else npm's ``node@24``
+    (installed on first use)."""
+    found = find_node(cache_dir, min_major)
+    if found is not None:
+        return found
     npm_install(NODE24, cache_dir)
     return bin_path(NODE24, cache_dir)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -57,6 +57,9 @@ def bootstrap_ci(values: Sequence[float], *, n_boot: int = 2000, seed: int = 0,
 
 
 class TaskStats(BaseModel):
+    """One task's scored samples (infrastructure failures excluded): how many, how many fully solved,
+    the mean reward. Invariant: ``n >= 1`` (a task with no valid sample gets no stats)."""
+
     task_id: str
     category: str | None = None
     n: int
@@ -65,6 +68,7 @@ class TaskStats(BaseModel):
 
     @property
     def success_rate(self) -> float:
+        """Share of the task's scored samples with full marks."""
         return self.successes / self.n
 
 
@@ -90,6 +94,7 @@ class GroupSummary(BaseModel):
 
     @property
     def label(self) -> str:
+        """``policy · harness``, the row label in tables and charts."""
         return f"{self.policy} · {self.harness}"
 
 

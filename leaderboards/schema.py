@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -63,6 +63,7 @@ class ResultRow(BaseModel):
 
     @property
     def key(self) -> RowKey:
+        """The row's identity ``(suite, task_id, harness, policy, sample)``: a resumed run skips keys it has."""
         return (self.suite, self.task_id, self.harness, self.policy, self.sample)
 
     @property
@@ -82,12 +83,15 @@ class ResultRow(BaseModel):
 
 
 class ReadResult(BaseModel):
+    """The rows of a results file and how many of its lines were not valid rows."""
+
     rows: list[ResultRow] = Field(default_factory=list)
     bad_lines: int = 0
     """Lines that were not a valid row (a truncated last write, hand edits); skipped."""
 
 
 def parse_lines(lines: Iterable[str]) -> ReadResult:
+    """Parse JSONL lines into rows; blank lines are skipped, invalid ones counted in ``bad_lines``."""
     out = ReadResult()
     for line in lines:
         if not line.strip():

@@ -19,8 +19,8 @@ from __future__ import annotations
 import html
 import math
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from leaderboards.metrics import GroupSummary, summarize
 from leaderboards.schema import read_results
@@ -32,20 +32,24 @@ CAT_HEAD = ["Policy", "Harness", "Category", "Pass@1 (mean reward)", "Strict suc
 
 
 def pct(x: float) -> str:
+    """A share as a percentage with one decimal; ``–`` for a missing (NaN) value."""
     return "–" if x is None or math.isnan(x) else f"{100 * x:.1f}"
 
 
 def with_ci(x: float, ci: tuple[float, float]) -> str:
+    """A share and its interval as ``pct [lo, hi]``; ``–`` when the share is missing."""
     if math.isnan(x):
         return "–"
     return f"{pct(x)} [{pct(ci[0])}, {pct(ci[1])}]"
 
 
 def best_k(s: GroupSummary) -> tuple[int, float] | None:
+    """``(k, Pass@k)`` at the largest k the group has, or ``None``."""
     return (max(s.pass_at_k), s.pass_at_k[max(s.pass_at_k)]) if s.pass_at_k else None
 
 
 def chart_name(suite: str) -> str:
+    """The bar chart's file name for ``suite`` (characters unsafe in a file name become ``_``)."""
     return "bar_" + (re.sub(r"[^A-Za-z0-9_.-]+", "_", suite) or "suite") + ".png"
 
 
@@ -77,6 +81,8 @@ def not_scored_notes(entries: Sequence[GroupSummary]) -> list[str]:
 
 
 def markdown(summaries: Sequence[GroupSummary], *, bad_lines: int = 0) -> str:
+    """The leaderboard as Markdown: what the metrics mean, then per suite its chart, its table, what was not
+    scored, and a per-category table when rows have categories."""
     lines = ["# ClawGym leaderboard", "",
              "Pass@1 is the mean reward, strict success the share of episodes with reward 1, both averaged "
              "over tasks, with 95% bootstrap intervals over tasks in brackets; Pass@k is the unbiased "
@@ -135,6 +141,7 @@ def _table(head: list[str], rows: Iterable[tuple[GroupSummary, list[tuple[str, s
 
 
 def html_page(summaries: Sequence[GroupSummary], *, charts: dict[str, str], bad_lines: int = 0) -> str:
+    """The leaderboard as one static HTML page (inline CSS), with the charts named in ``charts``."""
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              "<title>ClawGym leaderboard</title>", f"<style>{_CSS}</style></head><body>",

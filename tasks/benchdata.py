@@ -47,7 +47,7 @@ def _table_columns(f: Path) -> set[str]:
                 data = json.load(fh)
                 row = data[0] if isinstance(data, list) and data else data
         return set(row) if isinstance(row, dict) else set()
-    except Exception:  # unreadable or not a table: not ours
+    except Exception:  # noqa: BLE001 - unreadable or not a table: not ours
         return set()
 
 
@@ -92,10 +92,10 @@ def data_suite_for(spec: str | Path, data: str | Path | None = None,
         return load_clawgym_bench(path or HUB_ID, name=opts.pop("name", spec), **opts)
     if data is not None:
         return None
-    kind = kind_of_path(spec)
-    if kind == "officeqa":
+    path_kind = kind_of_path(spec)
+    if path_kind == "officeqa":
         return load_officeqa(spec, **opts)
-    if kind == "clawgym-bench":
+    if path_kind == "clawgym-bench":
         return load_clawgym_bench(Path(spec).expanduser(), **opts)
     return None
 

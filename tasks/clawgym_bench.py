@@ -3,7 +3,7 @@
 Two forms of the same data load into the same :class:`~clawgym_env.task.Task`:
 
 * **task dirs** (the ClawGym layout, e.g. a copy of ``RL/data/clawgym_eval``): loaded by the
-  existing :func:`tasks.suites.load_suite`; a rubric travels as ``metadata["rule"]``.
+  plain folder loader :func:`tasks.taskfolder.load_task_folder`; a rubric travels as ``metadata["rule"]``.
 * **hub rows** (``RUC-AIBOX/ClawGym-Bench``, or local parquet / JSONL files of it), read through
   ``datasets``; each row has ``prompt``, ``hook_code``, ``input_files`` (a list of
   ``{file_path, content}``), ``rule`` (the rubric, empty for code-only tasks) and
@@ -32,15 +32,27 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from clawgym_env.errors import TaskError
-from tasks import datacache
 from clawgym_env.task import Suite, Task, TaskLoadIssue
-from tasks.hybrid import (CODE_WEIGHT, RUBRIC_WEIGHT, BenchGrade, category_scores, grade_bench, hybrid_grade,
-                          is_hybrid, judge_rubric, rubric_of, score_hybrid)
+from tasks import datacache
+from tasks.hybrid import (
+    CODE_WEIGHT,
+    RUBRIC_WEIGHT,
+    BenchGrade,
+    category_scores,
+    grade_bench,
+    hybrid_grade,
+    is_hybrid,
+    judge_rubric,
+    rubric_of,
+    score_hybrid,
+)
 from tasks.taskdir import DEFAULT_MOUNT_DIR, is_task_dir, load_task_dir
+from tasks.taskfolder import load_task_folder
 
 __all__ = ["BENCH_NAME", "CODE_WEIGHT", "HUB_ID", "RUBRIC_WEIGHT", "BenchGrade", "category_scores",
            "grade_bench", "hybrid_grade", "is_hybrid", "judge_rubric", "load_clawgym_bench",
@@ -153,7 +165,8 @@ def plan_row(row: dict[str, Any], index: int, mount: str) -> dict[str, Any]:
     hook = rewrite_hook(row.get("hook_code"), mount)
     if not reward and f"{mount}/reward/" in hook:
         raise TaskError(f"{where}: hook_code runs a verifier under reward/ but no reward/ file is given")
-    meta_col = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
+    meta = row.get("metadata")
+    meta_col: dict[str, Any] = meta if isinstance(meta, dict) else {}
     category = row.get("category") or meta_col.get("category") or card.get("category")
     metadata = normalise_metadata({"category": ""}, category=category, rule=row.get("rule"))
     entry = {"task_id": task_id, "user_query": prompt, "input_mount_dir": mount, "metadata": metadata}
@@ -215,7 +228,8 @@ def _table_files(folder: Path) -> list[Path]:
     return parquet or [f for f in found if f.suffix.lower() == ".jsonl"] or found
 
 
-def _read_table(source: Any, split: str | None, cache_dir: str | Path | None = None) -> tuple[list[dict[str, Any]], str]:
+def _read_table(source: Any, split: str | None,
+                cache_dir: str | Path | None = None) -> tuple[list[dict[str, Any]], str]:
     """Rows of a datasets.Dataset/DatasetDict, a local table file or folder, or a hub dataset id
     (the ``datasets`` cache goes under our cache folder, see :mod:`tasks.datacache`)."""
     import datasets
@@ -251,12 +265,8 @@ def load_clawgym_bench(source: Any = HUB_ID, *, split: str | None = None, mount_
     """ClawGym-Bench from task dirs, local parquet/JSONL, a ``datasets`` object or a hub id."""
     if isinstance(source, (str, Path)) and Path(source).expanduser().is_dir() and \
             any(is_task_dir(c) for c in Path(source).expanduser().iterdir()):
-        from tasks.suites import load_suite
-
-        suite = load_suite(Path(source).expanduser())
-        suite.name = name
+        suite = load_task_folder(Path(source).expanduser().resolve(), name)
         for t in suite.tasks:
-            t.suite = name
             t.metadata = normalise_metadata(t.metadata)
         return suite
     if isinstance(source, list):

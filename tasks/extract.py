@@ -53,6 +53,7 @@ class ExtractedFile:
     error: str | None = None
 
     def to_dict(self) -> dict:
+        """The file's fields without its text (what a report lists about it)."""
         d = asdict(self)
         d.pop("text")
         return d
@@ -265,7 +266,7 @@ def extract_file(path: str | Path, *, rel: str | None = None, max_chars: int = M
         msg = f"[{kind} file {name}, {size} bytes: extractor unavailable ({e.name or e}); " \
               f"install the package's dev extras]"
         return ExtractedFile(name, kind, size, msg, len(msg), error=f"missing module {e.name}")
-    except Exception as e:  # corrupt file: a note, never a crash (see module doc)
+    except Exception as e:  # noqa: BLE001 - corrupt file: a note, never a crash (see module doc)
         msg = f"[{kind} file {name}, {size} bytes: could not extract text ({type(e).__name__}: {e})]"
         return ExtractedFile(name, kind, size, msg, len(msg), error=f"{type(e).__name__}: {e}")
     chars = len(text)

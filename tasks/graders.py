@@ -10,7 +10,8 @@ same way:
   * ``hybrid`` (a ClawGym task dir that carries a rubric): :class:`HybridGrader`, the hermetic
     ``reward.sh`` code score combined with the judge's rubric score, ``0.7 code + 0.3 rubric``
     (:func:`tasks.hybrid.hybrid_grade`);
-  * ``reward.sh`` (anything else, the engine's own): :class:`clawgym_env.reward.ScriptGrader`, the hermetic ``reward.sh`` alone.
+  * ``reward.sh`` (anything else, the engine's own): :class:`clawgym_env.reward.ScriptGrader`, the hermetic
+    ``reward.sh`` alone.
 
 Invariants: the judge is the one in the :class:`~clawgym_env.grading.GradeContext`, else the
 environment-configured one (:func:`env_judge`, built once per configuration); a judge that is
@@ -41,7 +42,8 @@ def env_judge() -> Any:
     configuration); :class:`TaskError` naming the variables when it is not configured."""
     from tasks.judge import ENV_API_KEY, ENV_BASE_URL, ENV_MODEL, JudgeClient
 
-    key = tuple(os.environ.get(k, "").strip() for k in (ENV_BASE_URL, ENV_MODEL, ENV_API_KEY))
+    base_url, model, api_key = (os.environ.get(k, "").strip() for k in (ENV_BASE_URL, ENV_MODEL, ENV_API_KEY))
+    key = (base_url, model, api_key)
     with _judges_lock:
         if key not in _judges:
             _judges[key] = JudgeClient.from_env()
@@ -59,6 +61,8 @@ class HybridGrader:
     needs_judge = True
 
     def grade(self, ctx: GradeContext) -> GradeResult:
+        """The code score first; an invalid one is returned as is, else combined with the judge's
+        rubric score (no judge verdict: ``reward_invalid``)."""
         from tasks.hybrid import hybrid_grade
 
         code = ScriptGrader().grade(ctx)
@@ -86,6 +90,7 @@ class JobBenchGrader:
     needs_judge = True
 
     def grade(self, ctx: GradeContext) -> GradeResult:
+        """Judge every rubric of the task over the deliverables; a judge that fails gives ``reward_invalid``."""
         from tasks.jobbench import score_jobbench
 
         t0 = time.monotonic()

@@ -44,23 +44,27 @@ an unparseable verdict fails that rubric and is recorded in the details.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
-from typing import Any
-
-from pydantic import BaseModel, Field
 
 from clawgym_env.errors import TaskError
 from clawgym_env.task import Suite, Task, TaskLimits, TaskLoadIssue
+from tasks.jobbench_score import JobBenchScore, jobbench_leaderboard_score, score_jobbench
+from tasks.jobbench_task import (
+    INSTRUCTIONS_FILE,
+    OUTPUT_DIR,
+    RUBRICS_FILE,
+    TASK_CARD_FILE,
+    TASK_FOLDER,
+    JobBenchTask,
+    Rubric,
+    parse_rubrics,
+    read_rows,
+    rubrics_for,
+)
 from tasks.taskdir import DEFAULT_MOUNT_DIR
 
-RUBRICS_FILE = "RUBRICS.json"
-TASK_CARD_FILE = "task_card.md"
-TASK_FOLDER = "task_folder"
-INSTRUCTIONS_FILE = "TASK_INSTRUCTIONS.txt"
-OUTPUT_DIR = "outputs"
 HIDDEN_FILES = (RUBRICS_FILE, TASK_CARD_FILE)
 MOUNT_DIR = DEFAULT_MOUNT_DIR  # the workspace path inside the sandbox, as for ClawGym task dirs
 SPLIT_FILES = {"main": "tasks.parquet", "easy": "easy.parquet"}
@@ -68,55 +72,6 @@ SPLIT_FOLDERS = {"main": ("dataset", "main"), "easy": ("dataset_easy", "easy")}
 DEFAULT_LIMITS = TaskLimits(timeout_s=3600.0, max_turns=100)
 _TASK_DIR_RE = re.compile(r"^task(\d+)$")
 _ID_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-class Rubric(BaseModel):
-    """One weighted rubric; it earns ``weight`` only when every one of ``criteria`` passes."""
-
-    rubric: str
-    weight: int | float = Field(ge=0)
-    criteria: list[str]
-
-
-class JobBenchTask(Task):
-    """A :class:`Task` that also carries its hidden grading data (excluded from dumps)."""
-
-    grader: str = "jobbench"
-    rubrics: list[Rubric] = Field(default_factory=list, exclude=True, repr=False)
-    task_card: str | None = Field(default=None, exclude=True, repr=False)
-
-    @property
-    def total_weight(self) -> float:
-        return sum(r.weight for r in self.rubrics)
-
-
-def parse_rubrics(data: Any, where: str) -> list[Rubric]:
-    """Validated rubrics from a RUBRICS.json object (or its JSON text); TaskError names ``where``."""
-    if isinstance(data, (str, bytes)):
-        try:
-            data = json.loads(data)
-        except json.JSONDecodeError as e:
-            raise TaskError(f"{where}: rubric JSON is invalid at line {e.lineno} column {e.colno}: {e.msg}") from e
-    items = data.get("rubrics", data.get("evaluation_rubrics")) if isinstance(data, dict) else None
-    if not isinstance(items, list) or not items:
-        raise TaskError(f'{where}: expected {{"rubrics": [{{"rubric", "weight", "criterion"}}, …]}} '
-                        f"with at least one rubric")
-    out = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise TaskError(f"{where}: rubrics[{i}] must be an object, got {type(item).__name__}")
-        text, weight, crit = item.get("rubric"), item.get("weight"), item.get("criterion", item.get("criteria"))
-        if not isinstance(text, str) or not text.strip():
-            raise TaskError(f"{where}: rubrics[{i}].rubric must be a non-empty string")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
-            raise TaskError(f"{where}: rubrics[{i}].weight must be a number >= 0, got {weight!r}")
-        crits = [crit] if isinstance(crit, str) else crit
-        if not isinstance(crits, list) or not crits or not all(isinstance(c, str) and c.strip() for c in crits):
-            raise TaskError(f"{where}: rubrics[{i}].criterion must be a non-empty string or list of strings")
-        out.append(Rubric(rubric=text, weight=weight, criteria=crits))
-    if sum(r.weight for r in out) <= 0:
-        raise TaskError(f"{where}: the rubric weights sum to 0; at least one weight must be positive")
-    return out
 
 
 def _instruction(prompt: str, mount_dir: str) -> str:
@@ -219,20 +174,6 @@ def _load_folders(root: Path, split: str | None, suite: Suite, limits: TaskLimit
 
 # -- parquet form --------------------------------------------------------------------------------
 
-def _rows(parquet: Path) -> list[dict[str, Any]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as e:
-        raise TaskError("reading JobBench parquet files needs pyarrow (pip install pyarrow)") from e
-    try:
-        rows = pq.read_table(parquet).to_pylist()
-    except Exception as e:
-        raise TaskError(f"{parquet}: not a readable parquet table ({e})") from e
-    if rows and not {"task_id", "prompt", "rubric_json"} <= set(rows[0]):
-        raise TaskError(f"{parquet}: needs the columns task_id, prompt and rubric_json; has {sorted(rows[0])}")
-    return rows
-
-
 def _starter_folder(base: Path, refs: list[str], where: str) -> Path | None:
     if not refs:
         return None
@@ -254,7 +195,7 @@ def _starter_folder(base: Path, refs: list[str], where: str) -> Path | None:
 def _load_parquet(parquet: Path, split: str | None, suite: Suite, limits: TaskLimits | None,
                   prefix: str = "") -> None:
     base = parquet.parent
-    for i, row in enumerate(_rows(parquet)):
+    for i, row in enumerate(read_rows(parquet)):
         where = f"{parquet} row {i} ({row.get('task_id')})"
         try:
             tid = row.get("task_id")
@@ -382,28 +323,9 @@ def jobbench_task_for(spec: str | Path) -> Task | None:
     head, task_id = text.rsplit("/", 1)
     if head not in SUITE_NAMES and not _looks_like_jobbench(Path(head).expanduser()):
         return None
-    suite = jobbench_suite_for(head)
-    return suite.get(task_id) if suite is not None else None
+    found = jobbench_suite_for(head)
+    return found.get(task_id) if found is not None else None
 
-
-def rubrics_for(task: Task) -> list[Rubric]:
-    """The rubrics of a JobBench task; reloaded from its source when ``task`` lost them (a plain
-    :class:`Task` rebuilt from a dump). TaskError when the task is not a JobBench task."""
-    if isinstance(task, JobBenchTask) and task.rubrics:
-        return task.rubrics
-    src = task.metadata.get("jobbench_source") or {}
-    if src.get("kind") == "folder" and Path(src.get("rubrics", "")).is_file():
-        p = Path(src["rubrics"])
-        return parse_rubrics(p.read_text(encoding="utf-8", errors="replace"), str(p))
-    if src.get("kind") == "parquet" and Path(src.get("parquet", "")).is_file():
-        for row in _rows(Path(src["parquet"])):
-            if row.get("task_id") == src.get("task_id"):
-                return parse_rubrics(row["rubric_json"], f"{src['parquet']} ({src['task_id']})")
-    raise TaskError(f"task {task.full_id} has no JobBench rubrics (grading_type {task.grading_type!r}); "
-                    f"load it with tasks.jobbench.load_jobbench")
-
-
-from tasks.jobbench_score import JobBenchScore, jobbench_leaderboard_score, score_jobbench  # noqa: E402
 
 __all__ = ["JobBenchScore", "JobBenchTask", "Rubric", "is_jobbench_data", "jobbench_leaderboard_score",
            "jobbench_suite_for", "jobbench_task_for", "load_jobbench", "parse_rubrics", "rubrics_for", "score_jobbench"]

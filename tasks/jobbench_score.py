@@ -16,13 +16,15 @@ Why host-side and how the runner calls it: see :mod:`tasks.jobbench`. Invariants
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
 from clawgym_env.errors import TaskError
 from clawgym_env.task import Task
 from tasks.extract import MAX_CHARS_PER_FILE, extract_folder
+from tasks.jobbench_task import OUTPUT_DIR, rubrics_for
 from tasks.judge import JudgeAnswerError
 
 JUDGE_SYSTEM = (
@@ -57,6 +59,7 @@ class JobBenchScore(NamedTuple):
 
     @property
     def subscores(self) -> dict[str, float]:
+        """``earned``, ``possible`` and ``rubric_<i>`` (1.0 passed, 0.0 not) for a results row."""
         subs = {"earned": float(self.details["earned"]), "possible": float(self.details["possible"])}
         subs.update({f"rubric_{i}": float(r["passed"]) for i, r in enumerate(self.details["rubrics"])})
         return subs
@@ -78,7 +81,7 @@ def _truth(v: Any) -> bool | None:
 
 def read_verdicts(obj: dict, n: int) -> list[tuple[bool, str]]:
     """(passed, reason) per criterion from a judge answer; a missing or unreadable verdict fails."""
-    items = next((obj[k] for k in ("criteria", "criteria_results", "results", "verdicts")
+    items: list[Any] = next((obj[k] for k in ("criteria", "criteria_results", "results", "verdicts")
                   if isinstance(obj.get(k), list)), [])
     out: list[tuple[bool, str] | None] = [None] * n
     for pos, item in enumerate(items):
@@ -123,8 +126,6 @@ def score_jobbench(task: Task, workspace_dir: str | Path, judge: Any, *,
     judge_errors, judge_model, output_dir, files, rubrics`` (per rubric: text, weight, passed,
     earned, per-criterion verdicts and reasons).
     """
-    from tasks.jobbench import OUTPUT_DIR, rubrics_for
-
     rubrics = rubrics_for(task)
     out_rel = str(task.metadata.get("output_dir") or OUTPUT_DIR)
     out_dir = Path(workspace_dir) / out_rel

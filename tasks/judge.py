@@ -67,7 +67,7 @@ class JudgeClient:
                                      timeout=self.timeout, max_retries=0)
 
     @classmethod
-    def from_env(cls) -> "JudgeClient":
+    def from_env(cls) -> JudgeClient:
         """Build from ``CLAWGYM_JUDGE_BASE_URL``/``_MODEL`` (required) and ``_API_KEY`` (optional)."""
         base_url = os.environ.get(ENV_BASE_URL, "").strip()
         model = os.environ.get(ENV_MODEL, "").strip()

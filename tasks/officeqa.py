@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import TaskError
-from tasks import datacache
 from clawgym_env.task import Suite, TaskLoadIssue
+from tasks import datacache
 from tasks.officeqa_scorer import extract_final_answer, judge, score_answer
 from tasks.taskdir import DEFAULT_MOUNT_DIR, load_task_dir
 

@@ -25,21 +25,18 @@ import difflib
 from pathlib import Path
 
 from clawgym_env.errors import TaskError
-from clawgym_env.task import Suite, Task, TaskLoadIssue
+from clawgym_env.task import Suite, Task
 from tasks.taskdir import is_task_dir, load_task_dir
+from tasks.taskfolder import is_candidate, load_task_folder
 
 BUNDLED_ROOT = Path(__file__).resolve().parent
 """Bundled suites are the subfolders of this package that hold task dirs."""
 
 
-def _is_candidate(p: Path) -> bool:
-    return p.is_dir() and not p.name.startswith((".", "_"))
-
-
 def _bundled() -> dict[str, Path]:
     out: dict[str, Path] = {}
     for p in sorted(BUNDLED_ROOT.iterdir()):
-        if _is_candidate(p) and any(is_task_dir(c) for c in p.iterdir()):
+        if is_candidate(p) and any(is_task_dir(c) for c in p.iterdir()):
             out[p.name] = p
     return out
 
@@ -96,28 +93,7 @@ def load_suite(spec: str | Path, data: str | Path | None = None, **options: obje
     if jobbench is not None:
         return jobbench
     name, root = _suite_root(spec)
-    suite = Suite(name=name, root=root)
-    seen: dict[str, Path] = {}
-    for child in sorted(root.iterdir()):
-        if not _is_candidate(child):
-            continue
-        try:
-            task = load_task_dir(child, suite=name)
-        except TaskError as e:
-            suite.issues.append(TaskLoadIssue(path=str(child), error=str(e)))
-            continue
-        if task.id in seen:
-            suite.issues.append(TaskLoadIssue(
-                path=str(child),
-                error=f"{child / 'data_entry.json'}: task_id {task.id!r} is also used by {seen[task.id]}; "
-                      f"give each task dir its own task_id"))
-            continue
-        seen[task.id] = child
-        suite.tasks.append(task)
-    if not suite.tasks and not suite.issues:
-        raise TaskError(f"{root}: holds no task dirs (subfolders with data_entry.json and reward/); "
-                        f"point at the folder that holds the task dirs")
-    return suite
+    return load_task_folder(root, name)
 
 
 def resolve_task(spec: str | Path) -> Task:
@@ -144,7 +120,7 @@ def resolve_task(spec: str | Path) -> Task:
     head, task_id = text.rsplit("/", 1)
     name, root = _suite_root(head)
     direct = root / task_id
-    if _is_candidate(direct):  # fast path (and a bad task dir's own error): folder name == task id
+    if is_candidate(direct):  # fast path (and a bad task dir's own error): folder name == task id
         return load_task_dir(direct, suite=name)
     suite = load_suite(root)
     try:

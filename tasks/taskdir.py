@@ -153,12 +153,11 @@ def load_task_dir(path: str | Path, suite: str | None = None) -> Task:
         notes.append("no metadata; using {}")
     limits = _parse_limits(entry.get("limits"), entry_path)
 
-    input_dir: Path | None = task_dir / INPUT_DIR
-    if input_dir.exists() and not input_dir.is_dir():
-        raise TaskError(f"{input_dir}: must be a folder (its contents are copied into the workspace); "
+    input_path = task_dir / INPUT_DIR
+    if input_path.exists() and not input_path.is_dir():
+        raise TaskError(f"{input_path}: must be a folder (its contents are copied into the workspace); "
                         f"move the file into a folder named {INPUT_DIR}/")
-    if not input_dir.exists():
-        input_dir = None
+    input_dir = input_path if input_path.exists() else None
 
     reward_dir = task_dir / REWARD_DIR
     if not reward_dir.is_dir():
@@ -190,10 +189,12 @@ class ExpertScript(BaseModel):
 
     @property
     def final(self) -> str:
+        """The final answer text (the last step's ``final``)."""
         return str(self.steps[-1]["final"])
 
     @property
     def tool_steps(self) -> list[dict[str, Any]]:
+        """The tool steps, without the final answer."""
         return self.steps[:-1]
 
 

@@ -14,11 +14,23 @@ import pytest
 from tasks import load_expert, load_suite
 
 try:  # tests/ is on sys.path under pytest's default import mode; a package layout also works
-    from helpers_expert import (apply_steps, grade_on_host, run_check, run_reward_sh_on_host,
-                                stage_workspace, write_payload)
+    from helpers_expert import (
+        apply_steps,
+        grade_on_host,
+        run_check,
+        run_reward_sh_on_host,
+        stage_workspace,
+        write_payload,
+    )
 except ImportError:  # pragma: no cover
-    from tests.helpers_expert import (apply_steps, grade_on_host, run_check, run_reward_sh_on_host,
-                                      stage_workspace, write_payload)
+    from tests.helpers_expert import (
+        apply_steps,
+        grade_on_host,
+        run_check,
+        run_reward_sh_on_host,
+        stage_workspace,
+        write_payload,
+    )
 
 TASKS = {t.id: t for t in load_suite("builtin")}
 IDS = sorted(TASKS)

@@ -9,16 +9,22 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import clawgym_env  # noqa: F401 - registers the env ids
-from clawgym_env.runtime import Runtime
 from clawgym_env.harness import Endpoint
+from clawgym_env.plugins import make_harness
+from clawgym_env.runtime import Runtime
 from harness_adapters.claude_code import DEFAULT_MODEL, ClaudeCodeAdapter
 from harness_adapters.claude_code.stream_json import parse_stream
-from clawgym_env.plugins import make_harness
+
 try:
     from helpers_claude_codex import check_expert_episode, installed, multi_step_tasks, run_hanging_episode, survivors
 except ImportError:  # tests run as a package
-    from tests.helpers_claude_codex import (check_expert_episode, installed, multi_step_tasks,
-                                            run_hanging_episode, survivors)
+    from tests.helpers_claude_codex import (
+        check_expert_episode,
+        installed,
+        multi_step_tasks,
+        run_hanging_episode,
+        survivors,
+    )
 
 ENDPOINT = Endpoint(base_url="http://127.0.0.1:18080/ep/TOKEN123/v1", api_key="TOKEN123")
 

@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import json
-import tomllib
 
 import gymnasium as gym
 import pytest
+import tomllib
 from gymnasium.utils.env_checker import check_env
 
 import clawgym_env  # noqa: F401 - registers the env ids
 from clawgym_env.errors import HarnessError
 from clawgym_env.harness import Endpoint
+from clawgym_env.plugins import make_harness
 from harness_adapters.codex import CodexAdapter
 from harness_adapters.codex.config import KEY_ENV, PROVIDER, codex_config, parse_events, render_toml
-from clawgym_env.plugins import make_harness
 
 try:
     from helpers_claude_codex import check_expert_episode, installed, multi_step_tasks, run_hanging_episode, survivors
 except ImportError:  # tests run as a package
-    from tests.helpers_claude_codex import (check_expert_episode, installed, multi_step_tasks,
-                                            run_hanging_episode, survivors)
+    from tests.helpers_claude_codex import (
+        check_expert_episode,
+        installed,
+        multi_step_tasks,
+        run_hanging_episode,
+        survivors,
+    )
 
 ENDPOINT = Endpoint(base_url="http://127.0.0.1:18080/ep/TOKEN123/v1", api_key="TOKEN123")
 

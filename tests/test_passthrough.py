@@ -12,12 +12,12 @@ import json
 import pytest
 
 from clawgym_env.errors import PolicyError
+from clawgym_env.plugins import make_harness
 from clawgym_env.policy import GenerationContext, SamplingParams, make_policy
 from clawgym_env.policy.passthrough import PassthroughPolicy, anthropic_request
 from clawgym_env.policy.scripted import ScriptedPolicy
 from clawgym_env.proxy.server import ProxyServer
 from clawgym_env.runtime import Runtime
-from clawgym_env.plugins import make_harness
 
 
 def _tool_calls(message):

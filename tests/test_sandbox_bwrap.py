@@ -167,8 +167,8 @@ def test_no_network_to_host_tcp(ws, roots):
     port = listener.getsockname()[1]
     try:
         with make(ws, roots) as sb:
-            code = ("import socket\ntry:\n    socket.create_connection(('127.0.0.1', %d), timeout=3)\n"
-                    "    print('connected')\nexcept OSError as e:\n    print('blocked', type(e).__name__)" % port)
+            code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=3)\n"
+                    "    print('connected')\nexcept OSError as e:\n    print('blocked', type(e).__name__)")
             r = sb.exec(PY + [code])
             assert r.stdout.startswith("blocked"), r
             r = sb.exec(["cat", "/proc/net/dev"])

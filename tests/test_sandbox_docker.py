@@ -38,7 +38,7 @@ def _engine_problem() -> str | None:
         client.ping()
         client.close()
         return None
-    except Exception as exc:  # any failure means "no engine answers"
+    except Exception as exc:  # noqa: BLE001 - any failure means "no engine answers"
         return str(exc).strip()[:300] or type(exc).__name__
 
 
@@ -140,8 +140,8 @@ def test_no_network_to_host_tcp(engine, workspace):
     port = server.getsockname()[1]
     try:
         with _sandbox(workspace) as sb:
-            code = ("import socket,sys\ntry:\n socket.create_connection(('127.0.0.1', %d), timeout=3)\n"
-                    " print('connected')\nexcept OSError as e:\n print('refused', e)\n") % port
+            code = (f"import socket,sys\ntry:\n socket.create_connection(('127.0.0.1', {port}), timeout=3)\n"
+                    " print('connected')\nexcept OSError as e:\n print('refused', e)\n")
             res = sb.exec(["python3", "-c", code])
             assert res.stdout.startswith("refused"), res
             lines = sb.exec(["cat", "/proc/net/dev"]).stdout.splitlines()[2:]
@@ -349,8 +349,8 @@ def test_no_engine_gives_a_clear_error(monkeypatch, workspace):
 
 
 def test_whole_episode_runs_through_docker(engine, tmp_path):
-    from clawgym_env.runtime import Runtime
     from clawgym_env.plugins import make_harness
+    from clawgym_env.runtime import Runtime
     from tasks import load_suite
 
     task = load_suite("builtin").tasks[0]

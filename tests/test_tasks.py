@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.errors import TaskError
-from tasks import (Suite, TaskLimits, list_suites, load_expert, load_suite, load_task_dir,
-                   resolve_task)
+from tasks import Suite, TaskLimits, list_suites, load_expert, load_suite, load_task_dir, resolve_task
 
 MOUNT = "/root/.openclaw/workspace"
 REWARD_SH = "#!/usr/bin/env bash\nset -euo pipefail\necho 1.0\n"

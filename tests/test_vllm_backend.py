@@ -246,8 +246,8 @@ def test_tokenizer_mismatch_is_refused(server):
 # -- a whole episode ----------------------------------------------------------------------------------
 @server_test
 def test_mini_episode_through_the_proxy_is_token_exact(policy, reference, builtin_suite, tmp_path):
-    from clawgym_env.runtime import Runtime
     from clawgym_env.plugins import make_harness
+    from clawgym_env.runtime import Runtime
 
     task = builtin_suite.tasks[0]
     sampling = {"max_tokens": 48, "temperature": 1.0, "top_p": 1.0, "seed": 4321}

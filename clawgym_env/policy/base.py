@@ -11,7 +11,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from clawgym_env.errors import ProxyError
 
@@ -30,6 +31,7 @@ class SamplingParams:
     seed: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        """The parameters as a plain dict (recorded in each ``CallRecord.sampling``)."""
         return dataclasses.asdict(self)
 
 
@@ -71,7 +73,7 @@ class SamplingOverrides:
             raise ProxyError(f"sampling override seed={self.seed!r} must be an integer", field="sampling.seed")
 
     @classmethod
-    def of(cls, value: "SamplingOverrides | Mapping[str, Any] | None") -> "SamplingOverrides":
+    def of(cls, value: SamplingOverrides | Mapping[str, Any] | None) -> SamplingOverrides:
         """``value`` as overrides: itself, ``None`` → none, or a mapping of the field names (others refused)."""
         if isinstance(value, SamplingOverrides):
             return value
@@ -105,6 +107,9 @@ class GenerationContext:
 
 @dataclasses.dataclass
 class Generation:
+    """What a policy returns for one call: the sampled ids with their logprobs (one per id) and why it
+    stopped (``"stop"`` or ``"length"``), under the policy version that sampled them."""
+
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
@@ -129,5 +134,5 @@ class PolicyBackend(abc.ABC):
     def generate(self, prompt_ids: list[int], params: SamplingParams, ctx: GenerationContext) -> Generation:
         """Sample a continuation of ``prompt_ids``."""
 
-    def close(self) -> None:  # pragma: no cover - optional
+    def close(self) -> None:  # pragma: no cover  # noqa: B027 - optional hook, a no-op unless overridden
         """Release resources (idempotent)."""

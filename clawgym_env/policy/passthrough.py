@@ -33,9 +33,9 @@ import threading
 from typing import Any
 
 from clawgym_env.errors import PolicyError
-from clawgym_env.redact import redact, register_secret
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
 from clawgym_env.policy.chat_format import assistant_text
+from clawgym_env.redact import redact, register_secret
 
 PROVIDERS = ("openai", "anthropic")
 
@@ -155,6 +155,7 @@ class PassthroughPolicy(PolicyBackend):
 
     @property
     def tokenizer(self):
+        """The Qwen3 tokenizer, loaded on first use (prompts are decoded to text for the upstream API)."""
         if self._tokenizer is None:
             from clawgym_env.policy.tokenizer import load_tokenizer
 
@@ -167,6 +168,8 @@ class PassthroughPolicy(PolicyBackend):
             return self._failures.pop(episode_id, [])
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, ctx: GenerationContext) -> Generation:
+        """Send the call's messages to the upstream API and re-encode its answer as Qwen3 ids
+        (``token_exact=False``, logprobs carrying no information)."""
         try:
             content, reasoning, calls, finish = (self._openai if self.provider == "openai" else self._anthropic)(
                 ctx, params)

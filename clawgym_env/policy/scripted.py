@@ -189,7 +189,8 @@ def validate_steps(steps: Any, source: str) -> list[dict[str, Any]]:
             if not isinstance(step.get("final"), str):
                 raise PolicyError(f"{source}: the last step must be {{\"final\": \"answer text\"}}, got {step}")
             continue
-        need = _REQUIRED.get(step.get("tool"))
+        tool = step.get("tool")
+        need = _REQUIRED.get(tool) if isinstance(tool, str) else None
         if need is None:
             raise PolicyError(f"{source}: step {i} has tool {step.get('tool')!r}; use write_file, bash or read_file")
         for field in need:
@@ -239,6 +240,7 @@ class ScriptedPolicy(PolicyBackend):
 
     @property
     def tokenizer(self):
+        """The real Qwen3 tokenizer, loaded on first use (the expert's turns are encoded with it)."""
         if self._tokenizer is None:
             from clawgym_env.policy.tokenizer import load_tokenizer
 
@@ -287,6 +289,8 @@ class ScriptedPolicy(PolicyBackend):
         return thought
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, ctx: GenerationContext) -> Generation:
+        """The scripted turn (:meth:`decide`) as Qwen3 ids, cut at ``params.max_tokens`` (then
+        ``finish_reason="length"``); logprobs are 0 (the script is deterministic)."""
         text = self.decide(ctx, prompt_ids)
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         finish = "stop"

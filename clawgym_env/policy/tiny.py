@@ -71,7 +71,7 @@ def build_tiny_qwen3(tokenizer=None, hidden_size: int = 64, num_layers: int = 2,
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = Qwen3ForCausalLM(config)
-    model = model.to(torch.float32).eval()
+    model = model.float().eval()
     if save_dir is not None:
         out = Path(save_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -26,10 +26,12 @@ _LOAD_LOCK = threading.Lock()
 
 
 def cache_dir() -> Path:
+    """The project cache folder: ``$CLAWGYM_CACHE``, else ``~/.cache/clawgym``."""
     return Path(os.environ.get("CLAWGYM_CACHE", Path.home() / ".cache" / "clawgym"))
 
 
 def default_tokenizer_dir() -> Path:
+    """Where the Qwen3 tokenizer is read from: ``$CLAWGYM_TOKENIZER``, else ``<cache>/tokenizer-qwen3``."""
     env = os.environ.get("CLAWGYM_TOKENIZER")
     if env:
         return Path(env)

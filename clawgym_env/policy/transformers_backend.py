@@ -150,7 +150,7 @@ class TransformersPolicy(PolicyBackend):
     # -- construction ---------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str | None = None, dtype: Any = None,
-                        tokenizer=None, **kwargs: Any) -> "TransformersPolicy":
+                        tokenizer=None, **kwargs: Any) -> TransformersPolicy:
         """Load a model directory (``config.json`` + weights). The tokenizer comes from the same
         directory when it holds one, else the project's default Qwen3 tokenizer.
 
@@ -169,9 +169,8 @@ class TransformersPolicy(PolicyBackend):
         if tokenizer is None:
             has_tok = (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists()
             tokenizer = load_tokenizer(path if has_tok else None)
-        from transformers import AutoModelForCausalLM
-
         import transformers
+        from transformers import AutoModelForCausalLM
         major = int(transformers.__version__.split(".")[0])
         dtype_kw = "dtype" if major >= 5 else "torch_dtype"
         try:
@@ -183,10 +182,12 @@ class TransformersPolicy(PolicyBackend):
     # -- PolicyBackend -------------------------------------------------------------------------
     @property
     def tokenizer(self):
+        """The tokenizer this policy was built with."""
         return self._tokenizer
 
     @property
     def model(self):
+        """The live causal LM (trainers share it: its weights are the policy's)."""
         return self._model
 
     def _new_cache(self):
@@ -206,6 +207,9 @@ class TransformersPolicy(PolicyBackend):
         return out.logits[0, -1, : self._vocab_limit].float()
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, ctx: GenerationContext) -> Generation:
+        """Sample up to ``params.max_tokens`` ids after ``prompt_ids`` on a KV cache, with their logprobs
+        under the sampling distribution; stops after a stop token (stop strings are the proxy's). Raises
+        :class:`PolicyError` for an empty prompt, bad parameters or a closed policy."""
         torch = _torch()
         if self._closed:
             raise PolicyError("this TransformersPolicy was closed; build a new one")
@@ -285,5 +289,6 @@ class TransformersPolicy(PolicyBackend):
         return self.load_state_dict(dict(pairs), strict=False)
 
     def close(self) -> None:
+        """Refuse further calls (the model itself stays with whoever holds it); idempotent."""
         with self._lock:
             self._closed = True

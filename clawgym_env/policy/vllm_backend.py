@@ -33,11 +33,13 @@ import math
 import os
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
+from clawgym_env.policy.vllm_weights import WeightReloader, reload_inplace, ties_embeddings
 
 GREEDY_EPS = 1e-5
 TOKENIZER_PROBE = "Hello wörld 🤔 <|im_start|>user\nls -la<|im_end|>\n<think>\n</think>"
@@ -67,10 +69,11 @@ class VLLMPolicy(PolicyBackend):
 
     name = "vllm"
 
-    def __init__(self, base_url: str, model: str | None = None, tokenizer=None, *, server=None,
-                 owns_server: bool = False, api_key: str | None = None, timeout_s: float = 600.0,
-                 retries: int = 3, backoff_s: float = 0.5, stop_token_ids: Iterable[int] | None = None,
-                 vocab_size: int | None = None, check_tokenizer: bool = True, name: str | None = None) -> None:
+    def __init__(self, base_url: str, model: str | None = None, tokenizer=None, *,
+                 server: WeightReloader | None = None, owns_server: bool = False, api_key: str | None = None,
+                 timeout_s: float = 600.0, retries: int = 3, backoff_s: float = 0.5,
+                 stop_token_ids: Iterable[int] | None = None, vocab_size: int | None = None,
+                 check_tokenizer: bool = True, name: str | None = None) -> None:
         import httpx
 
         self.base_url = normalize_base_url(base_url)
@@ -161,6 +164,7 @@ class VLLMPolicy(PolicyBackend):
     # -- PolicyBackend ---------------------------------------------------------------------------
     @property
     def tokenizer(self):
+        """The tokenizer the server was checked against (its ids are the prompt ids)."""
         return self._tokenizer
 
     def request_body(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int) -> dict[str, Any]:
@@ -182,6 +186,7 @@ class VLLMPolicy(PolicyBackend):
         return body
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, ctx: GenerationContext) -> Generation:
+        """Sample a continuation of ``prompt_ids`` on the server (see the module invariants)."""
         if self._closed:
             raise PolicyError("this VLLMPolicy was closed; build a new one")
         if not prompt_ids:
@@ -257,8 +262,6 @@ class VLLMPolicy(PolicyBackend):
             if self.server is not None:
                 used = self.server.reload(model_dir, method=method)
             elif method in ("auto", "inplace"):
-                from clawgym_env.policy.vllm_server import ties_embeddings, reload_inplace
-
                 if ties_embeddings(Path(model_dir)):
                     raise PolicyError(f"{model_dir} ties its input and output embeddings, which vLLM 0.32 "
                                       "cannot reload in place; sync through a VLLMServer (it restarts)")
@@ -278,6 +281,7 @@ class VLLMPolicy(PolicyBackend):
                 self._gate.notify_all()
 
     def close(self) -> None:
+        """Close the HTTP client, and stop the server when this policy owns it (idempotent)."""
         if self._closed:
             return
         self._closed = True

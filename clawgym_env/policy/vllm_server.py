@@ -40,7 +40,6 @@ Weight sync (:meth:`VLLMServer.reload`), options in vLLM 0.32 and what is used h
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import signal
 import socket
@@ -50,14 +49,17 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from clawgym_env.errors import PolicyError
+from clawgym_env.policy.vllm_backend import VLLMPolicy
+from clawgym_env.policy.vllm_weights import model_config, reload_inplace, ties_embeddings
 
 VENV_ENV = "CLAWGYM_VLLM_VENV"
 SETUP_HINT = "build it with: bash scripts/vllm_env.sh"
-_LIVE: "weakref.WeakSet[VLLMServer]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[VLLMServer] = weakref.WeakSet()
 
 
 def default_venv() -> Path:
@@ -78,56 +80,10 @@ def vllm_python(venv: str | os.PathLike | None = None) -> Path:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def reload_inplace(client, model_dir: str | os.PathLike, timeout_s: float = 600.0) -> None:
-    """In-place weight reload on a running dev-mode vLLM server (see the module docstring).
-
-    ``client`` is an ``httpx.Client`` whose ``base_url`` is the server root. Generation is resumed even
-    when the reload fails; a failure raises :class:`PolicyError`.
-    """
-    import httpx
-
-    def post(path: str, **kw: Any):
-        try:
-            resp = client.post(path, timeout=timeout_s, **kw)
-        except httpx.HTTPError as exc:
-            raise PolicyError(f"weight sync: POST {path} to the vLLM server failed: {exc}") from exc
-        if resp.status_code == 404:
-            raise PolicyError(f"weight sync: the vLLM server has no {path} endpoint; start it with "
-                              "VLLM_SERVER_DEV_MODE=1 (VLLMServer does), or use reload(method='restart')")
-        if resp.status_code >= 400:
-            raise PolicyError(f"weight sync: POST {path} answered {resp.status_code}: {resp.text[:500]}")
-        return resp
-
-    post("/pause", params={"mode": "wait"})
-    try:
-        post("/collective_rpc", json={"method": "reload_weights",
-                                      "kwargs": {"weights_path": str(Path(model_dir).resolve())}})
-        post("/reset_prefix_cache")
-    except BaseException:
-        try:
-            post("/resume")
-        except PolicyError:
-            pass  # the reload's own error is the one to report
-        raise
-    post("/resume")
-
-
-def _config(model_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise PolicyError(f"cannot read {model_dir}/config.json: {exc}") from exc
-
-
-def ties_embeddings(model_dir: Path) -> bool:
-    """``tie_word_embeddings`` of a model folder (a missing flag counts as tied: the safe answer)."""
-    cfg = _config(model_dir)
-    return bool(cfg.get("tie_word_embeddings", (cfg.get("text_config") or {}).get("tie_word_embeddings", True)))
 
 
 class VLLMServer:
@@ -175,20 +131,23 @@ class VLLMServer:
     # -- properties ------------------------------------------------------------------------------
     @property
     def url(self) -> str:
+        """The server root, ``http://host:port``."""
         return f"http://{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
+        """Whether the server process is alive."""
         return self._proc is not None and self._proc.poll() is None
 
     @property
     def pid(self) -> int | None:
+        """The server process id (its process group leader), or None before ``start()``."""
         return self._proc.pid if self._proc is not None else None
 
     def vocab_size(self) -> int | None:
         """The served model's embedding rows (``config.json`` ``vocab_size``), or None."""
         try:
-            return int(_config(self.model_dir)["vocab_size"])
+            return int(model_config(self.model_dir)["vocab_size"])
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -235,7 +194,7 @@ class VLLMServer:
         return env
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def start(self) -> "VLLMServer":
+    def start(self) -> VLLMServer:
         """Launch and wait until it serves (idempotent while running). Raises :class:`PolicyError`."""
         with self._lock:
             if self.running:
@@ -337,6 +296,7 @@ class VLLMServer:
             pass
 
     def restart(self, model_dir: str | os.PathLike | None = None) -> None:
+        """Stop the server and start it again, on ``model_dir`` when given."""
         with self._lock:
             if model_dir is not None:
                 new = Path(model_dir).expanduser().resolve()
@@ -376,12 +336,11 @@ class VLLMServer:
 
     def policy(self, **kwargs: Any):
         """A :class:`VLLMPolicy` bound to this server (so ``sync_weights`` reloads it)."""
-        from clawgym_env.policy.vllm_backend import VLLMPolicy
-
         kwargs.setdefault("vocab_size", self.vocab_size())
         return VLLMPolicy(self.url, model=self.served_model_name, server=self, **kwargs)
 
     def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the server log (route listings left out)."""
         try:
             text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
@@ -389,7 +348,7 @@ class VLLMServer:
         keep = [ln for ln in text if "Route:" not in ln]
         return "\n".join(keep[-lines:])
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from starlette.requests import Request
@@ -59,9 +60,10 @@ async def read_body(request: Request, max_bytes: int, read_timeout_s: float) -> 
 
 def json_depth_exceeds(value: Any, max_depth: int) -> bool:
     """True when ``value`` nests dicts/lists deeper than ``max_depth`` (iterative, no recursion)."""
-    stack = [(value, 1)]
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         obj, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(obj, dict):
             children = obj.values()
         elif isinstance(obj, list):

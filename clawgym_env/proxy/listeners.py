@@ -81,7 +81,8 @@ class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
 
     idle_timeout_s: float = 30.0
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        """Set ``TCP_NODELAY`` on the new connection and start its idle watchdog."""
         super().connection_made(transport)
         set_nodelay(transport.get_extra_info("socket"))
         self._seen_cycle: Any = None
@@ -89,6 +90,7 @@ class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         self._watch_handle = self.loop.call_later(self.idle_timeout_s, self._watch)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """Stop the connection's watchdog, then let uvicorn clean up."""
         handle = getattr(self, "_watch_handle", None)
         if handle is not None:
             handle.cancel()
@@ -122,6 +124,7 @@ class Server(uvicorn.Server):
     loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Remember the serving loop (:meth:`add_listener` schedules onto it), then start uvicorn."""
         self.loop = asyncio.get_running_loop()
         await super().startup(sockets=sockets)
 
@@ -135,14 +138,15 @@ class Server(uvicorn.Server):
 
     def add_listener(self, sock: socket.socket, state: dict[str, Any], timeout: float = 10.0) -> Any:
         """Serve ``sock`` with ``state`` as every request's ASGI state; returns a handle for removal."""
-        if self.loop is None or not self.started:
+        loop = self.loop
+        if loop is None or not self.started:
             raise RuntimeError("the proxy server is not running")
 
         async def add() -> asyncio.base_events.Server:
-            srv = await self.loop.create_server(self._factory(state), sock=sock, backlog=self.config.backlog)
+            srv = await loop.create_server(self._factory(state), sock=sock, backlog=self.config.backlog)
             self.servers.append(srv)
             return srv
-        return asyncio.run_coroutine_threadsafe(add(), self.loop).result(timeout)
+        return asyncio.run_coroutine_threadsafe(add(), loop).result(timeout)
 
     def remove_listener(self, handle: Any, timeout: float = 10.0) -> None:
         """Stop accepting on a listener added by :meth:`add_listener` (open connections finish)."""

@@ -4,9 +4,10 @@ Routes: ``POST /ep/{token}/v1/chat/completions`` (OpenAI chat dialect), ``/v1/me
 Messages; ``/v1/messages/count_tokens`` is a side route, see :data:`SIDE_ROUTES`), ``/v1/responses``
 (OpenAI Responses), ``GET /ep/{token}/v1/models``
 (and ``/models/{id}``), ``GET /healthz``. A dialect is a module (see ``openai_chat.py``) and one
-entry of :data:`~clawgym_env.proxy.app.DIALECT_ROUTES`; the app (``app.py``) reads the body, looks up the episode, lets the dialect
-parse, runs the dialect-neutral pipeline (:func:`~clawgym_env.proxy.sessions.run_turn`) in a worker
-thread, and lets the dialect render or stream the result.
+entry of :data:`~clawgym_env.proxy.app.DIALECT_ROUTES`; the app (``app.py``) reads the body, looks up
+the episode, lets the dialect parse, runs the dialect-neutral pipeline
+(:func:`~clawgym_env.proxy.sessions.run_turn`) in a worker thread, and lets the dialect render or
+stream the result.
 
 Invariants:
   * Streaming is emitted *after* the policy generated the whole continuation (``generate`` is
@@ -41,8 +42,9 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import uvicorn
 
@@ -116,15 +118,16 @@ class ProxyServer:
 
     @property
     def running(self) -> bool:
+        """Whether the server thread is alive (started and not stopped or crashed)."""
         return self._thread is not None and self._thread.is_alive()
 
-    def __enter__(self) -> "ProxyServer":
+    def __enter__(self) -> ProxyServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def start(self, timeout: float = 30.0) -> "ProxyServer":
+    def start(self, timeout: float = 30.0) -> ProxyServer:
         """Bind, serve in a daemon thread and return once connections are accepted (idempotent)."""
         with self._lock:
             if self._thread is not None:
@@ -249,6 +252,7 @@ class ProxyServer:
         return self.registry.close(token)
 
     def get_episode(self, token: str) -> EpisodeSession | None:
+        """The open episode with this bearer ``token``; ``None`` when unknown or closed."""
         return self.registry.get(token)
 
 
@@ -264,7 +268,7 @@ def serve_proxy(policy: PolicyBackend, host: str = "127.0.0.1", port: int = 8000
     Signal handlers are installed only when called from the main thread (and restored after).
     """
     stop = stop_event or threading.Event()
-    restore: dict[int, Any] = {}
+    restore: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             restore[sig] = signal.signal(sig, lambda *_: stop.set())

@@ -5,7 +5,6 @@ from __future__ import annotations
 from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxLimits, SandboxSpec, host_toolchain_paths
 
 
-
 def get_backend(name: str) -> type[Sandbox]:
     """The sandbox class registered as ``name`` in :data:`clawgym_env.plugins.sandboxes` (built-ins:
     ``bwrap``, ``docker``; plugins: entry points of group ``clawgym.sandboxes``)."""

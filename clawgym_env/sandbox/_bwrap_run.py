@@ -18,6 +18,7 @@ import signal
 import subprocess
 import threading
 import time
+from typing import IO, cast
 
 from clawgym_env.errors import SandboxError
 from clawgym_env.sandbox.base import SANDBOX_ID_BASE
@@ -80,8 +81,10 @@ def user_args(unprivileged: bool) -> list[str]:
 
 def pump(proc: subprocess.Popen, stdin: bytes | None, deadline: float | None, keep: int) -> tuple[str, str, bool]:
     """Feed stdin and collect the output tails until both pipes close; kill the group at ``deadline``."""
-    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    dropped = collections.Counter()
+    if proc.stdout is None or proc.stderr is None:
+        raise ValueError("pump needs a process started with stdout=PIPE and stderr=PIPE")
+    bufs: dict[IO[bytes], bytearray] = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    dropped: collections.Counter[IO[bytes]] = collections.Counter()
     timed_out = False
     with selectors.DefaultSelector() as sel:
         for f in bufs:
@@ -103,7 +106,7 @@ def pump(proc: subprocess.Popen, stdin: bytes | None, deadline: float | None, ke
                 killpg(proc.pid)
                 deadline = time.monotonic() + 10  # drain what is left after the kill
             for key, _ in events:
-                f = key.fileobj
+                f = cast(IO[bytes], key.fileobj)  # only the process's pipes are registered
                 if f is proc.stdin:
                     try:
                         pending = pending[os.write(f.fileno(), pending[:65536]):]

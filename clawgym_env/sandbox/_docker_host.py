@@ -71,7 +71,9 @@ class Place:
     """One private writable place of a sandbox (HOME or the workspace); see the module docstring."""
 
     def __init__(self, path: Path, uid: int, gid: int, size_mb: int | None, mode: int = 0o700) -> None:
-        self.path, self.fd, self.mounted = path, None, False
+        self.path = path
+        self.fd: int | None = None  # a directory fd once detached
+        self.mounted = False
         path.mkdir(mode=0o700)
         if size_mb is not None and can_mount():
             opts = f"size={int(size_mb)}m,nr_inodes={max(4096, int(size_mb) * 128)},mode={mode:o},uid={uid},gid={gid}"
@@ -204,7 +206,7 @@ def release(res: dict[str, Any]) -> list[str]:
     if client is not None and cid is not None:
         try:
             client.api.remove_container(cid, force=True)
-        except Exception as exc:  # already gone (auto_remove) is fine
+        except Exception as exc:  # noqa: BLE001 - docker's errors vary; already gone (auto_remove) is fine
             if getattr(getattr(exc, "response", None), "status_code", None) not in (404, 409):
                 errors.append(f"could not remove container {cid}: {exc}; remove it with `docker rm -f {cid}`")
     lifeline = res.pop("lifeline", None)
@@ -218,7 +220,7 @@ def release(res: dict[str, Any]) -> list[str]:
         try:
             st = os.stat(dest)
             stage_out(place, dest, (st.st_uid, st.st_gid), st.st_mode)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a finalizer collects every failure, raises none
             errors.append(f"could not copy the workspace back into {dest}: {exc}")
     for place in res.pop("places", []):
         try:

@@ -22,7 +22,7 @@ import selectors
 import socket
 import struct
 import time
-from typing import Callable
+from collections.abc import Callable
 
 GRACE_S = 5.0
 _HEADER = struct.Struct(">BxxxL")

@@ -81,10 +81,10 @@ class Cgroup:
         done: dict[str, str] = {}
         made: dict[Path, Path] = {}  # hierarchy base -> the folder created under it
         for ctrl, (limit_name, value) in want.items():
-            base = _hierarchy_base(ctrl, own_v1, own_v2)
-            if base is None:
+            found = _hierarchy_base(ctrl, own_v1, own_v2)
+            if found is None:
                 continue
-            base, kind = base
+            base, kind = found
             try:
                 if base not in made:
                     if kind == "cgroup2":
@@ -178,7 +178,8 @@ def _kill_cgroup(d: Path) -> None:
         pass
 
 
-def plan_limits(limits: SandboxLimits, cgroup: Cgroup | None, name: str) -> tuple[list[str], dict[str, str], dict[str, str]]:
+def plan_limits(limits: SandboxLimits, cgroup: Cgroup | None,
+                name: str) -> tuple[list[str], dict[str, str], dict[str, str]]:
     """Set up ``cgroup`` (``None``: rlimits only) and return (sh prefix, enforced, unenforced)."""
     enforced = cgroup.setup(limits, name) if cgroup is not None else {}
     unenforced: dict[str, str] = {}

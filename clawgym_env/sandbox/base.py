@@ -26,8 +26,8 @@ import importlib.util
 import itertools
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 DEFAULT_PROXY_PORT = 18080
 
@@ -50,6 +50,11 @@ class SandboxLimits:
 
 @dataclasses.dataclass
 class SandboxSpec:
+    """What a sandbox shows and allows: the workspace (host folder and its path inside), HOME, the
+    read-only toolchain, extra binds, the proxy socket, the environment and the limits.
+
+    Invariant: after construction every host path is absolute (backends run from their own folders)."""
+
     workspace_host: Path
     workspace_target: str = "/root/.openclaw/workspace"
     home: str = "/root"
@@ -79,6 +84,9 @@ class SandboxSpec:
 
 @dataclasses.dataclass
 class ExecResult:
+    """One finished ``exec``: exit code (128+N for signal N), the output tails, whether it was killed at
+    its timeout, and its wall time."""
+
     returncode: int
     stdout: str
     stderr: str
@@ -87,6 +95,7 @@ class ExecResult:
 
     @property
     def ok(self) -> bool:
+        """Exit code 0 and not timed out."""
         return self.returncode == 0 and not self.timed_out
 
 
@@ -95,8 +104,13 @@ class Sandbox(abc.ABC):
 
     spec: SandboxSpec
 
+    def __init__(self, spec: SandboxSpec) -> None:
+        """Prepare, not start, a sandbox for ``spec`` (``__enter__`` starts it); backends add keyword-only
+        options of their own, so ``get_backend(name)(spec)`` builds any backend."""
+        self.spec = spec
+
     @abc.abstractmethod
-    def __enter__(self) -> "Sandbox": ...
+    def __enter__(self) -> Sandbox: ...
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -150,7 +164,7 @@ def sandbox_host_ids() -> tuple[int, int]:
     return base + slot, base + slot
 
 
-OWN_PACKAGES = ("tasks", "trainers", "leaderboards", "clawgym_env", "harness_adapters")
+OWN_PACKAGES = ("tasks", "trainers", "leaderboards", "clawgym_env", "harness_adapters", "clawgym_cli")
 """Our own top-level packages: their folders hold task data, expert solutions and verifiers."""
 
 

@@ -57,8 +57,8 @@ import tempfile
 import time
 import uuid
 import weakref
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Mapping, Sequence
 
 from clawgym_env.errors import SandboxError
 from clawgym_env.sandbox import _hostfs
@@ -121,7 +121,7 @@ class BwrapSandbox(MountTableFiles, Sandbox):
         self._places: dict[str, Path] = {}  # writable place -> host folder
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def __enter__(self) -> "BwrapSandbox":
+    def __enter__(self) -> BwrapSandbox:
         if self._finalizer is not None:
             raise SandboxError("this BwrapSandbox was already started; create a new one")
         self._finalizer = weakref.finalize(self, _release, self._dirs, self._cgroup)
@@ -271,9 +271,9 @@ class BwrapSandbox(MountTableFiles, Sandbox):
             mounts.append(("--bind" if rw else "--ro-bind", str(h) if rw else self._source(h, n + i), t))
         mounts.append(("--bind", str(places["workspace"]), spec.workspace_target))
         target = posixpath.normpath(spec.workspace_target)
-        for h in self._hidden():  # strictly under a visible folder (masking a whole system folder breaks it)
-            if h != target and any(h.startswith(v.rstrip("/") + "/") for v in visible):
-                mounts.append(("--tmpfs", "", h))
+        for hidden in self._hidden():  # strictly under a visible folder (masking a whole system folder breaks it)
+            if hidden != target and any(hidden.startswith(v.rstrip("/") + "/") for v in visible):
+                mounts.append(("--tmpfs", "", hidden))
         if not self._private:  # the sandbox is this host user: hide what other users may not read
             for top in SCAN_FOR_SECRETS:
                 if top in visible:
@@ -329,6 +329,8 @@ class BwrapSandbox(MountTableFiles, Sandbox):
     # -- exec -----------------------------------------------------------------------------------
     def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
              timeout: float | None = None, stdin: bytes | None = None) -> ExecResult:
+        """Run ``argv`` under bwrap (see :meth:`Sandbox.exec`): its own process group, killed whole at
+        ``timeout``; output kept up to ``max_output_bytes`` per stream (the tail)."""
         if not argv:
             raise SandboxError("exec needs a non-empty argv")
         cmd = self.command(argv, cwd=cwd)

@@ -68,13 +68,23 @@ import tempfile
 import time
 import uuid
 import weakref
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from clawgym_env.errors import SandboxError
-from clawgym_env.sandbox._docker_host import (IMAGE, Place, connect, ensure_image, limit_options,
-                                              open_in_place, plan_ro_mounts, release, stage_in)
 from clawgym_env.sandbox import _hostfs
+from clawgym_env.sandbox._docker_host import (
+    IMAGE,
+    Place,
+    connect,
+    ensure_image,
+    limit_options,
+    open_in_place,
+    plan_ro_mounts,
+    release,
+    stage_in,
+)
 from clawgym_env.sandbox._docker_stream import pump
 from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxSpec, sandbox_host_ids
 
@@ -140,7 +150,7 @@ class DockerSandbox(Sandbox):
         self._targets: list[tuple[str, Place | None]] = []  # (mount target inside, its Place if any)
 
     # ---- lifecycle -------------------------------------------------------------------------
-    def __enter__(self) -> "DockerSandbox":
+    def __enter__(self) -> DockerSandbox:
         if self._finalizer is not None:
             raise SandboxError("this DockerSandbox was already started; create a new one")
         self._finalizer = weakref.finalize(self, release, self._res)  # also runs at exit / on GC
@@ -231,7 +241,7 @@ class DockerSandbox(Sandbox):
         api.start(self.container_id)
         try:
             status = api.inspect_container(self.container_id)["State"]["Status"]
-        except Exception:  # auto_remove: a pid 1 that died at once takes the container with it
+        except Exception:  # noqa: BLE001 - auto_remove: a pid 1 that died at once takes the container with it
             status = "removed"
         self._container = self.container_id
         if status != "running":
@@ -292,6 +302,8 @@ class DockerSandbox(Sandbox):
 
     def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
              timeout: float | None = None, stdin: bytes | None = None) -> ExecResult:
+        """Run ``argv`` in the container through its launcher (see :meth:`Sandbox.exec`); at ``timeout``
+        every process of this exec is killed, daemonised or not."""
         if not argv:
             raise SandboxError("exec needs a non-empty argv")
         code, out, err, timed_out, wall = self._run(list(argv), env=env, cwd=cwd, timeout=timeout, stdin=stdin,
@@ -346,6 +358,8 @@ class DockerSandbox(Sandbox):
 
     # ---- files -----------------------------------------------------------------------------
     def read_file(self, path: str) -> bytes:
+        """Read a file inside the sandbox, from the host side where the path lies in a private place,
+        else through the container."""
         fd = self._host_fd(path, write=False)
         if fd is not None:
             with os.fdopen(fd, "rb") as f:
@@ -358,6 +372,8 @@ class DockerSandbox(Sandbox):
         return out
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        """Write a file inside the sandbox (parents created), from the host side where the path lies in a
+        private place, else through the container."""
         raw = data.encode() if isinstance(data, str) else bytes(data)
         fd = self._host_fd(path, write=True, mode=mode)
         if fd is not None:

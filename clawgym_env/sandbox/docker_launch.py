@@ -92,6 +92,7 @@ def wait_for_port(port: int, limit_s: float) -> None:
 
 
 def run(tag: str, port: int, cpu_s: int, keep_hostname: bool, cwd: str, cmd: list[str]) -> int:
+    """``launch.py run``: one exec (see the module docstring); returns CMD's exit code, 128+N for signal N."""
     if cpu_s:
         import resource
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
@@ -142,6 +143,7 @@ def init(cmd: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """Dispatch ``init``, ``run`` or ``sweep``; 2 with a usage line for anything else."""
     if argv[:1] == ["init"]:
         init(argv[1:])
     if argv[:1] == ["sweep"] and len(argv) == 2:

@@ -15,7 +15,7 @@ the relay, and it starts once per sandboxed command. It runs under whatever Pyth
 one thread per connection direction.
 """
 
-import _signal
+import _signal  # type: ignore[import-not-found]  # typeshed has no stub for the C module under signal
 import _socket
 import _thread
 import os
@@ -106,6 +106,8 @@ def _run(cmd: list) -> int:
 
 
 def main(argv: list) -> int:
+    """``relay.py PORT SOCKET_PATH [-- CMD...]``: relay 127.0.0.1:PORT to the socket; with CMD, run it and
+    exit with its code (the relay ends with it), else relay until killed."""
     if len(argv) < 2:
         print("usage: relay.py PORT SOCKET_PATH [-- CMD ARGS...]", file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 
 Claude Code speaks the Anthropic Messages dialect (``POST {ANTHROPIC_BASE_URL}/v1/messages``,
 streamed). The npm package ships a native (Bun-compiled) executable, so no Node.js is needed at run
-time; the install prefix is made visible read-only inside the sandbox (:meth:`ro_paths`).
+time; the install prefix is made visible read-only inside the sandbox (install and paths come from
+:class:`~harness_adapters.npm.NpmHarnessAdapter`).
 
 Launch (cwd = the task's workspace, as the sandbox's non-root uid, private HOME)::
 
@@ -35,10 +36,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
-from harness_adapters.claude_code.stream_json import parse_stream
-from harness_adapters.install import NpmPackage, bin_path, npm_install, prefix_for
+from clawgym_env.harness import Endpoint, HarnessOutput, LaunchSpec
 from clawgym_env.task import Task
+from harness_adapters.claude_code.stream_json import parse_stream
+from harness_adapters.install import NpmPackage
+from harness_adapters.npm import NpmHarnessAdapter
 
 PACKAGE = NpmPackage("@anthropic-ai/claude-code", "2.1.332", "claude")
 DEFAULT_MODEL = "claude-sonnet-4-5-20250929"
@@ -58,7 +60,7 @@ QUIET_ENV = {
 }
 
 
-class ClaudeCodeAdapter(HarnessAdapter):
+class ClaudeCodeAdapter(NpmHarnessAdapter):
     """Claude Code in ``-p`` (print) mode with stream-json output. Anthropic Messages dialect.
 
     Args:
@@ -82,19 +84,14 @@ class ClaudeCodeAdapter(HarnessAdapter):
         self.max_retries = int(max_retries)
         self.extra_args = [str(a) for a in extra_args]
         self.extra_env = dict(extra_env or {})
-        self.cache_dir = cache_dir
-
-    def install(self, cache_dir: Path | None = None) -> None:
-        npm_install(self.package, cache_dir or self.cache_dir)
-
-    def ro_paths(self) -> list[Path]:
-        return [prefix_for(self.package, self.cache_dir)]
+        super().__init__(cache_dir=cache_dir)
 
     def executable(self) -> str:
         """The native ``claude`` binary (raises HarnessError naming the fix when not installed)."""
-        return str(bin_path(self.package, self.cache_dir))
+        return str(self.entry())
 
     def launch(self, task: Task, endpoint: Endpoint, *, home: str) -> LaunchSpec:
+        """The launch (see the module doc); runs nothing."""
         argv = [self.executable(), "-p", "--output-format", "stream-json", "--verbose",
                 "--dangerously-skip-permissions", "--no-session-persistence",
                 "--max-turns", str(task.limits.max_turns)]
@@ -108,6 +105,7 @@ class ClaudeCodeAdapter(HarnessAdapter):
         return LaunchSpec(argv=argv, env=env, cwd=task.mount_dir)
 
     def read_output(self, stdout: str, stderr: str) -> HarnessOutput:
+        """The final answer and transcript from the output; never raises."""
         final, transcript, _summary = parse_stream(stdout)
         return HarnessOutput(final_message=final, transcript=transcript)
 

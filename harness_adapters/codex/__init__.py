@@ -26,10 +26,11 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
-from harness_adapters.codex.config import KEY_ENV, codex_config, parse_events, render_toml
-from harness_adapters.install import NpmPackage, bin_path, npm_install, prefix_for
+from clawgym_env.harness import Endpoint, HarnessOutput, LaunchSpec
 from clawgym_env.task import Task
+from harness_adapters.codex.config import KEY_ENV, codex_config, parse_events, render_toml
+from harness_adapters.install import NpmPackage
+from harness_adapters.npm import NpmHarnessAdapter
 
 PACKAGE = NpmPackage("@openai/codex", "0.171.0", "codex")
 #: machine → (platform package, Rust target triple) for Linux, as ``bin/codex.js`` maps them
@@ -37,7 +38,7 @@ NATIVE = {"x86_64": ("@openai/codex-linux-x64", "x86_64-unknown-linux-musl"),
           "aarch64": ("@openai/codex-linux-arm64", "aarch64-unknown-linux-musl")}
 
 
-class CodexAdapter(HarnessAdapter):
+class CodexAdapter(NpmHarnessAdapter):
     """``codex exec --json``. OpenAI Responses dialect.
 
     Args:
@@ -63,42 +64,38 @@ class CodexAdapter(HarnessAdapter):
         self.extra_config = dict(extra_config or {})
         self.extra_args = [str(a) for a in extra_args]
         self.extra_env = dict(extra_env or {})
-        self.cache_dir = cache_dir
-
-    def install(self, cache_dir: Path | None = None) -> None:
-        npm_install(self.package, cache_dir or self.cache_dir)
-
-    def ro_paths(self) -> list[Path]:
-        return [prefix_for(self.package, self.cache_dir)]
+        super().__init__(cache_dir=cache_dir)
 
     def executable(self) -> str:
         """The native Codex binary, else the npm launcher (raises HarnessError when not installed)."""
-        launcher = bin_path(self.package, self.cache_dir)  # also checks the install exists
+        launcher = self.entry()  # also checks the install exists
         native = NATIVE.get(platform.machine()) if platform.system() == "Linux" else None
         if native is not None:
             pkg, triple = native
-            exe = prefix_for(self.package, self.cache_dir) / "node_modules" / pkg / "vendor" / triple / "bin" / "codex"
+            exe = self.prefix() / "node_modules" / pkg / "vendor" / triple / "bin" / "codex"
             if exe.is_file():
                 return str(exe)
         return str(launcher)
 
     def config_toml(self, endpoint: Endpoint) -> str:
+        """The ``config.toml`` pointing Codex at ``endpoint`` (see :mod:`harness_adapters.codex.config`)."""
         cfg = codex_config(endpoint.base_url, self.model or endpoint.model, context_window=self.context_window,
                            extra=self.extra_config)
         return render_toml(cfg)
 
     def launch(self, task: Task, endpoint: Endpoint, *, home: str) -> LaunchSpec:
+        """The launch (see the module doc); runs nothing."""
         codex_home = f"{home.rstrip('/')}/.codex"
         argv = [self.executable(), "exec", "--skip-git-repo-check", "--json", "--ephemeral", "--strict-config",
                 "--color", "never", *self.extra_args, "--", task.instruction]
         env = {"CODEX_HOME": codex_home, KEY_ENV: endpoint.api_key, "CODEX_MANAGED_BY_NPM": "1",
-               "CODEX_MANAGED_PACKAGE_ROOT": str(prefix_for(self.package, self.cache_dir) / "node_modules"
-                                                 / "@openai" / "codex"),
+               "CODEX_MANAGED_PACKAGE_ROOT": str(self.prefix() / "node_modules" / "@openai" / "codex"),
                "NO_COLOR": "1", **self.extra_env}
-        files = {f"{codex_home}/config.toml": self.config_toml(endpoint)}
+        files: dict[str, str | bytes] = {f"{codex_home}/config.toml": self.config_toml(endpoint)}
         return LaunchSpec(argv=argv, env=env, files=files, cwd=task.mount_dir)
 
     def read_output(self, stdout: str, stderr: str) -> HarnessOutput:
+        """The final answer and transcript from the output; never raises."""
         final, transcript, _summary = parse_events(stdout)
         return HarnessOutput(final_message=final, transcript=transcript)
 

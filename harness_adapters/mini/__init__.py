@@ -27,6 +27,7 @@ class MiniAdapter(HarnessAdapter):
         return [AGENT]
 
     def launch(self, task: Task, endpoint: Endpoint, *, home: str) -> LaunchSpec:
+        """The launch (see the module doc); runs nothing."""
         instruction = f"{home}/.mini/instruction.txt"
         argv = [sys.executable, str(AGENT), "--base-url", endpoint.base_url, "--model", endpoint.model,
                 "--instruction-file", instruction, "--max-turns", str(task.limits.max_turns),
@@ -37,6 +38,7 @@ class MiniAdapter(HarnessAdapter):
                           cwd=task.mount_dir)
 
     def read_output(self, stdout: str, stderr: str) -> HarnessOutput:
+        """The final answer and transcript from the output; never raises."""
         for line in reversed(stdout.strip().splitlines()):
             try:
                 obj = json.loads(line)

@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 SYSTEM_PROMPT = (
     "You are mini, a careful software agent working in a Linux shell. Your current working directory is "
@@ -33,7 +34,8 @@ TOOLS = [
         "name": "read_file", "description": "Read a text file (path relative to the workspace).",
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
     {"type": "function", "function": {
-        "name": "write_file", "description": "Write a text file, creating parent folders (path relative to the workspace).",
+        "name": "write_file",
+        "description": "Write a text file, creating parent folders (path relative to the workspace).",
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
                        "required": ["path", "content"]}}},
 ]
@@ -45,6 +47,7 @@ def _clip(text: str) -> str:
 
 
 def run_tool(name: str, raw_args: str, cmd_timeout: float) -> str:
+    """Run one tool call and return its result text (errors become text, never exceptions)."""
     try:
         args = json.loads(raw_args or "{}")
         if not isinstance(args, dict):
@@ -76,10 +79,12 @@ def _complete(client, model: str, messages: list, stream: bool):
     """One model call; returns (content, tool_calls as plain dicts)."""
     if not stream:
         msg = client.chat.completions.create(model=model, messages=messages, tools=TOOLS).choices[0].message
-        calls = [{"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+        calls = [{"id": c.id, "type": "function",
+                  "function": {"name": c.function.name, "arguments": c.function.arguments}}
                  for c in (msg.tool_calls or [])]
         return msg.content or "", calls
-    content, calls = "", {}
+    content = ""
+    slots: dict[int, dict[str, Any]] = {}
     for chunk in client.chat.completions.create(model=model, messages=messages, tools=TOOLS, stream=True,
                                                 stream_options={"include_usage": True}):
         if not chunk.choices:
@@ -87,15 +92,16 @@ def _complete(client, model: str, messages: list, stream: bool):
         delta = chunk.choices[0].delta
         content += delta.content or ""
         for tc in delta.tool_calls or []:
-            slot = calls.setdefault(tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            slot = slots.setdefault(tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
             slot["id"] = tc.id or slot["id"]
             if tc.function is not None:
                 slot["function"]["name"] += tc.function.name or ""
                 slot["function"]["arguments"] += tc.function.arguments or ""
-    return content, [calls[i] for i in sorted(calls)]
+    return content, [slots[i] for i in sorted(slots)]
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The agent loop; prints the final JSON line and returns the exit code."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--model", default="clawgym-policy")
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     task = Path(args.instruction_file).read_text()
     messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task}]
     final, code = None, 3
-    for turn in range(1, args.max_turns + 1):
+    for turn in range(1, args.max_turns + 1):  # noqa: B007 - read after the loop: the turns used
         try:
             content, calls = _complete(client, args.model, messages, args.stream)
         except Exception as exc:  # noqa: BLE001 - the harness reports any API failure and stops

@@ -6,7 +6,8 @@ when the system Node is older).
 
 Invariants:
   * ``launch`` is pure: argv holds absolute paths only (the Node binary and ``openclaw.mjs`` under
-    the install prefix, both in :meth:`OpenClawAdapter.ro_paths`), the config and the instruction
+    the install prefix, both in ``ro_paths``; install, Node and paths come from
+    :class:`~harness_adapters.npm.NpmHarnessAdapter`), the config and the instruction
     go into HOME through ``LaunchSpec.files``, cwd is the task's workspace;
   * the config is pinned (``--config``), so no ambient or stored credentials are read; its only
     provider is the proxy, so every model call goes through the proxy;
@@ -20,13 +21,13 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 from clawgym_env.errors import HarnessError
-from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
-from harness_adapters.install import NODE24, NpmPackage, bin_path, node_binary, npm_install, prefix_for
-from harness_adapters.openclaw.envelope import parse_envelope
+from clawgym_env.harness import Endpoint, HarnessOutput, LaunchSpec
 from clawgym_env.task import Task
+from harness_adapters.install import NpmPackage
+from harness_adapters.npm import NpmHarnessAdapter
+from harness_adapters.openclaw.envelope import parse_envelope
 
 PACKAGE = NpmPackage("openclaw", "2026.9.6", "openclaw", min_node=24)
 PROVIDER = "clawgym"
@@ -66,7 +67,7 @@ def provider_config(endpoint: Endpoint, api: str, *, context_window: int, max_to
                 "baseUrl": base_url, "apiKey": endpoint.api_key, "api": api, "models": [model]}}}}
 
 
-class OpenClawAdapter(HarnessAdapter):
+class OpenClawAdapter(NpmHarnessAdapter):
     """``openclaw agent exec`` against the proxy. ``api`` picks OpenClaw's wire dialect.
 
     Args:
@@ -93,39 +94,11 @@ class OpenClawAdapter(HarnessAdapter):
         self.reasoning = reasoning
         self.thinking = thinking
         self.extra_env = dict(extra_env or {})
-        self.cache_dir = cache_dir
-        self._node: Path | None = None
-
-    # -- install ----------------------------------------------------------------------------------
-    def install(self, cache_dir: Path | None = None) -> None:
-        """Install Node 24 (unless the system Node is new enough) and the pinned OpenClaw. Idempotent."""
-        cache = cache_dir or self.cache_dir
-        node_binary(cache, PACKAGE.min_node or 24)
-        npm_install(PACKAGE, cache)
-        if cache_dir is not None:
-            self.cache_dir, self._node = str(cache_dir), None
-
-    def node(self) -> Path:
-        """The Node binary the harness runs on (found once per adapter; see ``install.node_binary``)."""
-        if self._node is None:
-            self._node = node_binary(self.cache_dir, PACKAGE.min_node or 24)
-        return self._node
-
-    def entry(self) -> Path:
-        """``openclaw.mjs`` inside the install prefix."""
-        return bin_path(PACKAGE, self.cache_dir)
-
-    def ro_paths(self) -> list[Path]:
-        """The OpenClaw prefix and the prefix of the Node binary it runs on (read-only in the sandbox)."""
-        paths = [prefix_for(PACKAGE, self.cache_dir)]
-        node = self.node()
-        npm_node = prefix_for(NODE24, self.cache_dir)
-        if str(node).startswith(str(npm_node) + "/"):
-            paths.append(npm_node)
-        return paths
+        super().__init__(cache_dir=cache_dir)
 
     # -- launch -----------------------------------------------------------------------------------
     def launch(self, task: Task, endpoint: Endpoint, *, home: str) -> LaunchSpec:
+        """The launch (see the module doc); runs nothing."""
         config_path = f"{home}/{CONFIG_DIR}/openclaw.json"
         message_path = f"{home}/{CONFIG_DIR}/clawgym-instruction.md"
         config = provider_config(endpoint, self.api, context_window=self.context_window,
@@ -141,6 +114,7 @@ class OpenClawAdapter(HarnessAdapter):
                           files={config_path: json.dumps(config, indent=2), message_path: task.instruction})
 
     def read_output(self, stdout: str, stderr: str) -> HarnessOutput:
+        """The final answer and transcript from the output; never raises."""
         return parse_envelope(stdout)
 
 

@@ -43,8 +43,8 @@ def parse_envelope(stdout: str) -> HarnessOutput:
     for p in env.get("payloads") or []:
         if isinstance(p, dict) and isinstance(p.get("text"), str):
             transcript.append({"role": "assistant", "content": p["text"]})
-    summary = {k: env.get(k) for k in ("status", "assistantTurns", "toolSummary", "usage", "model", "provider",
-                                       "sessionId", "error") if k in env}
+    keys = ("status", "assistantTurns", "toolSummary", "usage", "model", "provider", "sessionId", "error")
+    summary: dict[str, Any] = {k: env.get(k) for k in keys if k in env}
     transcript.append({"role": "harness", "type": "openclaw_summary", **summary})
     final = env.get("final")
     ok = env.get("status") == "ok" and env.get("ok", True) is not False

@@ -6,7 +6,8 @@ stream-json ... "<instruction>"`` with the OpenAI-compatible endpoint given by `
 
 Invariants:
   * ``launch`` is pure: argv holds absolute paths only (a Node >= 22 binary and the CLI's entry
-    script, both under :meth:`QwenCodeAdapter.ro_paths` or the host toolchain), settings go into
+    script, both under ``ro_paths`` or the host toolchain; install, Node and paths come from
+    :class:`~harness_adapters.npm.NpmHarnessAdapter`), settings go into
     HOME through ``LaunchSpec.files``, cwd is the task's workspace;
   * telemetry, usage statistics, auto-update and chat recording are off in the user settings and,
     pinned with higher precedence, in a system settings file (so neither the host's
@@ -18,13 +19,13 @@ Invariants:
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from clawgym_env.errors import HarnessError
-from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
-from harness_adapters.install import NODE24, NpmPackage, bin_path, node_binary, npm_install, prefix_for
-from harness_adapters.qwen_code.stream import parse_stream
+from clawgym_env.harness import Endpoint, HarnessOutput, LaunchSpec
 from clawgym_env.task import Task
+from harness_adapters.install import NpmPackage
+from harness_adapters.npm import NpmHarnessAdapter
+from harness_adapters.qwen_code.stream import parse_stream
 
 PACKAGE = NpmPackage("@qwen-code/qwen-code", "0.24.4", "qwen", min_node=22)
 AUTH_TYPES = {"openai": "openai_chat", "openai-responses": "openai_responses", "anthropic": "anthropic_messages"}
@@ -66,7 +67,7 @@ def prompt_args(instruction: str) -> list[str]:
     return [f"--prompt={instruction}"] if instruction.startswith("-") else [instruction]
 
 
-class QwenCodeAdapter(HarnessAdapter):
+class QwenCodeAdapter(NpmHarnessAdapter):
     """Qwen Code in headless one-shot mode against the proxy (Chat Completions unless ``auth_type`` says otherwise).
 
     Args:
@@ -88,38 +89,11 @@ class QwenCodeAdapter(HarnessAdapter):
         self.dialect = AUTH_TYPES[auth_type]
         self.max_session_turns = max_session_turns
         self.extra_env = dict(extra_env or {})
-        self.cache_dir = cache_dir
-        self._node: Path | None = None
-
-    # -- install ----------------------------------------------------------------------------------
-    def install(self, cache_dir: Path | None = None) -> None:
-        """Install a Node >= 22 (npm's ``node@24`` if the system's is older) and the pinned CLI. Idempotent."""
-        cache = cache_dir or self.cache_dir
-        node_binary(cache, PACKAGE.min_node or 22)
-        npm_install(PACKAGE, cache)
-        if cache_dir is not None:
-            self.cache_dir, self._node = str(cache_dir), None
-
-    def node(self) -> Path:
-        """The Node binary the harness runs on (found once per adapter; see ``install.node_binary``)."""
-        if self._node is None:
-            self._node = node_binary(self.cache_dir, PACKAGE.min_node or 22)
-        return self._node
-
-    def entry(self) -> Path:
-        """The CLI's entry script (``cli-entry.js``) inside the install prefix."""
-        return bin_path(PACKAGE, self.cache_dir)
-
-    def ro_paths(self) -> list[Path]:
-        """The Qwen Code prefix and, when Node comes from npm, that Node's prefix."""
-        paths = [prefix_for(PACKAGE, self.cache_dir)]
-        npm_node = prefix_for(NODE24, self.cache_dir)
-        if str(self.node()).startswith(str(npm_node) + "/"):
-            paths.append(npm_node)
-        return paths
+        super().__init__(cache_dir=cache_dir)
 
     # -- launch -----------------------------------------------------------------------------------
     def launch(self, task: Task, endpoint: Endpoint, *, home: str) -> LaunchSpec:
+        """The launch (see the module doc); runs nothing."""
         qdir = f"{home}/.qwen"
         system = f"{qdir}/clawgym-system-settings.json"
         turns = self.max_session_turns or task.limits.max_turns
@@ -134,11 +108,12 @@ class QwenCodeAdapter(HarnessAdapter):
                      "OPENAI_MODEL": endpoint.model}
         env = {**QUIET_ENV, **creds, "QWEN_CODE_SYSTEM_SETTINGS_PATH": system,
                "QWEN_CODE_SYSTEM_DEFAULTS_PATH": f"{qdir}/clawgym-system-defaults.json", **self.extra_env}
-        files = {f"{qdir}/settings.json": json.dumps(user_settings(self.auth_type), indent=2),
+        files: dict[str, str | bytes] = {f"{qdir}/settings.json": json.dumps(user_settings(self.auth_type), indent=2),
                  system: json.dumps(PINNED, indent=2), f"{qdir}/clawgym-system-defaults.json": "{}"}
         return LaunchSpec(argv=argv, env=env, files=files, cwd=task.mount_dir)
 
     def read_output(self, stdout: str, stderr: str) -> HarnessOutput:
+        """The final answer and transcript from the output; never raises."""
         return parse_stream(stdout)
 
 

@@ -32,10 +32,10 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.errors import SandboxError
+from clawgym_env.plugins import make_harness
 from clawgym_env.runtime import RolloutPool, Runtime
 from clawgym_env.sandbox.base import SandboxLimits, SandboxSpec
 from clawgym_env.sandbox.bwrap import BwrapSandbox, check_bwrap
-from clawgym_env.plugins import make_harness
 
 try:
     check_bwrap(True)

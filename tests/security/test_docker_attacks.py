@@ -41,10 +41,10 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.errors import SandboxError
+from clawgym_env.plugins import make_harness
 from clawgym_env.runtime import RolloutPool, Runtime
 from clawgym_env.sandbox.base import SandboxLimits, SandboxSpec, host_toolchain_paths, own_package_paths
 from clawgym_env.sandbox.docker import DockerSandbox
-from clawgym_env.plugins import make_harness
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSCTL = Path("/proc/sys/vm/dirty_writeback_centisecs")
@@ -61,7 +61,7 @@ def _engine_problem() -> str | None:
         client.ping()
         client.close()
         return None
-    except Exception as exc:  # any failure means "no engine answers"
+    except Exception as exc:  # noqa: BLE001 - any failure means "no engine answers"
         return str(exc).strip()[:300] or type(exc).__name__
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import openai
 import pytest
 
+from clawgym_env.plugins import make_harness
 from clawgym_env.runtime import RolloutPool, Runtime
 from clawgym_env.sandbox.base import SandboxSpec
 from clawgym_env.sandbox.bwrap import PROXY_SOCK
-from clawgym_env.plugins import make_harness
 
 PORT = next(f.default for f in dataclasses.fields(SandboxSpec) if f.name == "proxy_port")
 FAILED = ("harness_error", "infra_error")
@@ -84,7 +84,8 @@ def test_a_leaked_token_is_useless_from_another_sandbox(builtin_suite, tmp_path)
              f"tok = open('VICTIM_TOKEN').read().strip(); url = 'http://127.0.0.1:{PORT}'\n"
              "def go(method, path, body=None):\n"
              "    req = urllib.request.Request(url + path, method=method, data=None if body is None else "
-             "json.dumps(body).encode(), headers={'content-type': 'application/json', 'authorization': 'Bearer ' + tok})\n"
+             "json.dumps(body).encode(),\n"
+             "        headers={'content-type': 'application/json', 'authorization': 'Bearer ' + tok})\n"
              "    try:\n"
              "        r = urllib.request.urlopen(req, timeout=20); return r.status, r.read().decode()\n"
              "    except urllib.error.HTTPError as e:\n"
