@@ -128,7 +128,7 @@ def run_mode(args) -> dict:
     from trainers.grpo import grpo_loss
     from trainers.logprobs import token_logprobs
     from trainers.policy import PolicyConfig, TrainablePolicy
-    from trainers.tree_batch import build_pack, make_groups, pack_groups
+    from trainers.tree_batch import PackItem, build_pack, make_groups, pack_groups
 
     torch.set_num_threads(args.threads)
     tok = load_tokenizer()
@@ -152,7 +152,7 @@ def run_mode(args) -> dict:
             n_e = sum(len(c.output_token_ids) for c in calls)
             for c in calls:
                 tree = CallTree.from_calls([c])
-                p = build_pack([(tree, [adv], {"group": 0})], device=dev)
+                p = build_pack([PackItem(tree, [adv])], device=dev)
                 p.pair_weight.fill_(1.0 / (len(g.episodes) * n_e))
                 p.token_weight[p.trainable] = 1.0 / (len(g.episodes) * n_e)
                 packs.append(p)

@@ -160,7 +160,7 @@ def main() -> None:
     st = tree.stats()
     per_call = sum(len(ids) for ids, _ in samples)
     source = args.episodes_dir or f"synthetic, system prompt ~{args.system_tokens} tokens"
-    print(f"group: {len(tree.meta.get('episodes', [])) or args.episodes} episodes, {len(samples)} calls ({source}), "
+    print(f"group: {len(tree.meta.episodes) or args.episodes} episodes, {len(samples)} calls ({source}), "
           f"longest call {max(len(i) for i, _ in samples)} tokens, sampled tokens {st.sampled_tokens}")
     print(f"tokens: per-call samples {per_call}, tree {st.tree_tokens}  -> ratio {per_call / st.tree_tokens:.2f}x")
     res = {}

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from clawgym_env.capture.tree import CallTree, TreeNode
-from trainers.advantages import (episode_token_weights, group_advantages, is_constant, leaf_rewards,
-                                 node_episodes, tree_gae)
+from clawgym_env.capture.tree_meta import TreeMeta
+from trainers.advantages import (
+    episode_token_weights,
+    group_advantages,
+    is_constant,
+    leaf_rewards,
+    node_episodes,
+    tree_gae,
+)
 
 
 def branched_tree() -> CallTree:
@@ -15,7 +22,7 @@ def branched_tree() -> CallTree:
              TreeNode(1, 0, [4, 5], [True, True], [-0.1, -0.2], [0, 1], [2, 3], depth=3),
              TreeNode(2, 1, [6, 7], [False, True], [None, -0.3], [0], [], depth=5),
              TreeNode(3, 1, [8], [True], [-0.4], [1], [], depth=5)]
-    return CallTree(nodes, [0], {"call_episode": [0, 1]}, {0: 2, 1: 3})
+    return CallTree(nodes, [0], TreeMeta(call_episode=[0, 1]), {0: 2, 1: 3})
 
 
 VALUES = [[0.0] * 3, [0.5, 0.4], [0.0, 0.6], [0.2]]

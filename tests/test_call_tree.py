@@ -13,8 +13,16 @@ import pytest
 
 from clawgym_env.capture.records import CallRecord, EpisodeRecord, write_jsonl
 from clawgym_env.capture.tree import CallTree, expected_tree_tokens
-from clawgym_env.capture.tree_io import (from_records, read_jsonl, read_parquet, to_jsonl, to_records,
-                                         write_parquet, write_records_jsonl)
+from clawgym_env.capture.tree_io import (
+    from_records,
+    read_jsonl,
+    read_parquet,
+    to_jsonl,
+    to_records,
+    write_parquet,
+    write_records_jsonl,
+)
+from clawgym_env.capture.tree_meta import TreeMeta
 from clawgym_env.capture.tree_show import render_html, render_png, render_text
 from clawgym_env.errors import ClawGymError
 from clawgym_env.policy.chat_format import assistant_text, render_prompt_ids
@@ -144,7 +152,7 @@ def test_linear_episode_is_one_chain(linear):
     assert f[n0:n0 + len(c0.output_token_ids)] == [True] * len(c0.output_token_ids)
     assert lps[n0:n0 + len(c0.output_token_ids)] == c0.output_logprobs
     assert not any(f[:n0])
-    assert tree.meta["policy_version"] == 3 and tree.meta["episode_ids"] == ["ep-lin"]
+    assert tree.meta.policy_version == 3 and tree.meta.episode_ids == ["ep-lin"]
 
 
 def test_compaction_branches_at_true_divergence_or_new_root(tokenizer, linear):
@@ -246,23 +254,23 @@ def test_grpo_group_shares_the_prompt_once(group):
     assert st.duplicates == 1 and st.unique_calls == len(flat) - 1  # g0 and g2 both begin with `ls`
     assert st.token_exact_share == pytest.approx((len(flat) - 1) / len(flat))
     m = tree.meta
-    assert m["task_id"] == "count_lines" and m["harness"] == "mini" and m["status"] == "mixed"
-    assert [e["reward"] for e in m["episodes"]] == [1.0, 1.0, 0.0] and m["reward"] == pytest.approx(2 / 3)
-    assert m["episodes"][1]["calls"] == [3, 4] and m["call_episode"] == [0, 0, 0, 1, 1, 2, 2, 2]
-    assert m["inexact_calls"] == [5]
+    assert m.task_id == "count_lines" and m.harness == "mini" and m.status == "mixed"
+    assert [e.reward for e in m.episodes] == [1.0, 1.0, 0.0] and m.reward == pytest.approx(2 / 3)
+    assert m.episodes[1].calls == [3, 4] and m.call_episode == [0, 0, 0, 1, 1, 2, 2, 2]
+    assert m.inexact_calls == [5]
     with pytest.raises(ClawGymError, match="one \\(suite, task, harness\\)"):
         CallTree.from_episodes([group[0], (_record("x", [], 0.0, task="other"), [])])
 
 
 def _trees(tokenizer, linear, group):
     side = call("ep-lin", 4, linear[1].prompt_token_ids, enc(tokenizer, assistant_text("Stop.")), 5)
-    return [CallTree.from_episodes(group), CallTree.from_calls(linear + [side], {"note": "branchy"})]
+    return [CallTree.from_episodes(group), CallTree.from_calls(linear + [side], TreeMeta(note="branchy"))]
 
 
 def test_jsonl_round_trip_is_identical(tmp_path, tokenizer, linear, group):
     trees = _trees(tokenizer, linear, group)
     back = read_jsonl(to_jsonl(trees, tmp_path / "trees.jsonl"))
-    assert back == trees and back[1].meta["note"] == "branchy"
+    assert back == trees and (back[1].meta.model_extra or {})["note"] == "branchy"
     (tmp_path / "bad.jsonl").write_text('{"format": "something else"}\n')
     with pytest.raises(ClawGymError):
         read_jsonl(tmp_path / "bad.jsonl")
@@ -335,4 +343,4 @@ def test_real_mini_episode_is_one_chain(expert_runtime, builtin_suite):
     assert (st.roots, st.branches, st.leaves, st.nodes) == (1, 0, 1, len(res.calls))
     assert st.tree_tokens == len(seq_of(res.calls[-1]))
     assert st.compression_ratio > 2.0
-    assert tree.meta["reward"] == res.record.reward and tree.meta["episode_ids"] == [res.record.episode_id]
+    assert tree.meta.reward == res.record.reward and tree.meta.episode_ids == [res.record.episode_id]

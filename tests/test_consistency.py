@@ -118,7 +118,7 @@ def test_inexact_calls_and_tokens_are_counted(rollout, tokenizer):
     policy, _, episodes = rollout
     calls = [c.model_copy(update={"token_exact": i != 1}) for i, c in enumerate(episodes[0][1])]
     tree = CallTree.from_calls(calls)
-    assert tree.meta["inexact_calls"] == [1]
+    assert tree.meta.inexact_calls == [1]
     pack = pack_trees(tree)
     lp = torch.zeros(pack.num_tokens)
     report = report_from_logprobs([pack], [lp], clip=3.0)

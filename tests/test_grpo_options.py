@@ -7,8 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from clawgym_env.errors import PolicyError  # noqa: E402
 from test_grpo import episode, tool  # noqa: E402
+
+from clawgym_env.errors import PolicyError  # noqa: E402
 from trainers.grpo import Args, collect_groups  # noqa: E402
 from trainers.tree_batch import group_summary, make_groups, pack_groups  # noqa: E402
 
@@ -27,7 +28,7 @@ def group(tokenizer):
 def _pairs_by_episode(pack):
     out: dict[str, list[float]] = {}
     for e, w in zip(pack.pair_episode.tolist(), pack.pair_weight.tolist()):
-        out.setdefault(pack.episodes[e]["episode_id"], []).append(w)
+        out.setdefault(pack.episodes[e].episode_id, []).append(w)
     return out
 
 
@@ -69,7 +70,7 @@ def test_dynamic_sampling_refills_constant_groups_within_budget(tokenizer):
     def run(jobs):  # even task numbers always score 1.0 (constant group), odd ones 1.0 / 0.0
         calls.append(len(jobs))
         out = []
-        for task, harness in jobs:
+        for task, _harness in jobs:
             k = int(task.split()[0][1:])
             for s in range(2):
                 reward = 1.0 if k % 2 == 0 or s == 0 else 0.0
@@ -95,8 +96,8 @@ def test_a_token_received_only_as_context_is_not_that_episodes_action(tokenizer)
     node, sampled by a; b must get no training pair (GRPO) and no weight (PPO) on those tokens."""
     from clawgym_env.capture.records import CallRecord
     from clawgym_env.capture.tree import CallTree
-    from trainers.packing import pack_trees
-    from trainers.ppo import loss_weights, trained_mask
+    from trainers.ppo import loss_weights
+    from trainers.tree_batch import rollout_pack
 
     task = "alpha Count the lines of a.txt"
     rec_a, calls_a = episode(tokenizer, "a", task, ["It has 3 lines."], 1.0)
@@ -106,17 +107,17 @@ def test_a_token_received_only_as_context_is_not_that_episodes_action(tokenizer)
                                  add_special_tokens=False))
     out = list(tokenizer.encode("Yes.", add_special_tokens=False))
     call_b = CallRecord(episode_id="b", call_index=0, dialect="openai_chat", path="/v1/chat/completions",
-                        stream=False, request={}, prompt_token_ids=first.prompt_token_ids + first.output_token_ids + tail,
+                        stream=False, request={},
+                        prompt_token_ids=first.prompt_token_ids + first.output_token_ids + tail,
                         output_token_ids=out, output_logprobs=[-0.5] * len(out), finish_reason="stop")
     group = make_groups([(rec_a, calls_a), (rec_b, [call_b])])[0]
     pack = pack_groups([group])[0]
     answer = len(first.output_token_ids)
     pairs = {"a": 0, "b": 0}
     for e in pack.pair_episode.tolist():
-        pairs[pack.episodes[e]["episode_id"]] += 1
+        pairs[pack.episodes[e].episode_id] += 1
     assert pairs["a"] == answer  # a trains on its own answer
     assert pairs["b"] == len(out)  # b only on "Yes.", never on a's answer it got as context
     tree = CallTree.from_episodes([(rec_a, calls_a), (rec_b, [call_b])])
-    packed = pack_trees([tree])
-    w, denom = loss_weights(packed, trained_mask(packed), "token")
+    w, denom = loss_weights(rollout_pack([tree]), "token")
     assert denom == answer + len(out)  # each sampled token counted once, by its owner only

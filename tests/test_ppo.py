@@ -25,6 +25,7 @@ from trainers.advantages import leaf_rewards, tree_gae  # noqa: E402
 from trainers.logprobs import token_logprobs  # noqa: E402
 from trainers.packing import pack_trees, tree_tokens  # noqa: E402
 from trainers.ppo import Args, add_reference, ppo_loss, prepare, update  # noqa: E402
+from trainers.tree_batch import rollout_pack  # noqa: E402
 from trainers.value import Critic, node_values, packed_values  # noqa: E402
 
 
@@ -97,7 +98,7 @@ def trees(tokenizer, model):
 
 def _path_gae(tree, values, gamma, lam):
     """Per-path GAE written out along each path, combined by the mean over paths through a token."""
-    rewards = leaf_rewards(tree, [e["reward"] for e in tree.meta["episodes"]])
+    rewards = leaf_rewards(tree, [e.reward for e in tree.meta.episodes])
     acc = defaultdict(list)
     for leaf in tree.leaves():
         steps = [(n, j) for n in tree.path(leaf) for j, s in enumerate(tree.nodes[n].sampled) if s]
@@ -130,7 +131,7 @@ def _per_path_loss(model, old_model, ref_model, head, old_head, trees, args, voc
         leaves = tree.leaves()
         seqs = [tree.sequence(leaf) for leaf in leaves]
         terms: dict = {}  # (node, index) -> the token's loss term (identical on every path through it)
-        call_episode = tree.meta["call_episode"]
+        call_episode = tree.meta.call_episode
         owners = [{call_episode[c] for c in tree.nodes[leaf].calls} for leaf in leaves]
         values = [[0.0] * len(n.tokens) for n in tree.nodes]
         with torch.no_grad():
@@ -178,8 +179,7 @@ def test_packed_loss_and_gradients_equal_per_rollout_reference(model, tokenizer,
     old = copy.deepcopy(model)
     ref = build_tiny_qwen3(tokenizer, seed=3).train()
     critic = Critic.on_policy(old, init_std=0.1)
-    pack = pack_trees(trees)
-    targets = prepare(old, critic, [pack], args, vocab_limit=vl)
+    targets = prepare(old, critic, [rollout_pack(trees)], args, vocab_limit=vl)
     add_reference(targets, ref, args, vocab_limit=vl)
     t = targets[0]
     assert t.denom == 3 and bool((t.is_weight[t.mask] < args.is_clip).any())  # three episodes
@@ -215,8 +215,10 @@ def test_shared_prefix_value_is_one_row_computed_once(model, tokenizer, trees):
         critic = Critic.on_policy(model, init_std=0.1) if kind == "shared" else Critic.separate(model, init_std=0.1)
         trunk = model.model if kind == "shared" else critic.trunk
         seen, head_rows = [], []
-        h1 = trunk.embed_tokens.register_forward_hook(lambda m, i, o: seen.append(int(i[0].numel())))
-        h2 = critic.head.linear.register_forward_hook(lambda m, i, o: head_rows.append(int(i[0].shape[0])))
+        h1 = trunk.embed_tokens.register_forward_hook(
+            lambda m, i, o, seen=seen: seen.append(int(i[0].numel())))
+        h2 = critic.head.linear.register_forward_hook(
+            lambda m, i, o, rows=head_rows: rows.append(int(i[0].shape[0])))
         try:
             with torch.no_grad():
                 hidden = trunk(input_ids=pack.input_ids[None], position_ids=pack.position_ids[None],
@@ -255,10 +257,10 @@ def test_gae_returns_are_the_value_targets(model, tokenizer, trees):
     args = Args(gamma=0.95, lam=0.7, vf_clip=0.0, vf_coef=1.0)
     critic = Critic.on_policy(model, init_std=0.2)
     pack = pack_trees(trees)
-    t = prepare(model, critic, [pack], args, vocab_limit=vl)[0]
+    t = prepare(model, critic, [rollout_pack(trees)], args, vocab_limit=vl)[0]
     vals = node_values(pack, t.old_values)
     for ti, tree in enumerate(trees):
-        adv, ret = tree_gae(tree, vals[ti], leaf_rewards(tree, [e["reward"] for e in tree.meta["episodes"]]),
+        adv, ret = tree_gae(tree, vals[ti], leaf_rewards(tree, [e.reward for e in tree.meta.episodes]),
                             gamma=args.gamma, lam=args.lam)
         by_hand = _path_gae(tree, vals[ti], args.gamma, args.lam)
         for nid, node in enumerate(tree.nodes):
@@ -272,7 +274,7 @@ def test_gae_returns_are_the_value_targets(model, tokenizer, trees):
     # gamma = lam = 1: the group tree's sampled tokens shared by the two branches of episode 0 (rewards
     # 1 and 1) get return 1; its first sampled token ("Reading"), shared by all three leaves (rewards 1,
     # 1 and 0), gets their mean 2/3, which no single path gives
-    t1 = prepare(model, critic, [pack], Args(), vocab_limit=vl)[0]
+    t1 = prepare(model, critic, [rollout_pack(trees)], Args(), vocab_limit=vl)[0]
     end = pack.tree_ranges[0][1]
     three = (pack.path_counts[:end] == 3) & pack.target_mask[:end]
     assert int(three.sum()) >= 1
@@ -317,7 +319,7 @@ def test_one_ppo_step_changes_parameters_and_lowers_its_loss(model, tokenizer, t
     m = copy.deepcopy(model)
     args = Args(update_epochs=1, minibatches=1, ent_coef=0.001)
     critic = Critic.on_policy(m, init_std=0.1)
-    targets = prepare(m, critic, [pack_trees(trees)], args, vocab_limit=vl)
+    targets = prepare(m, critic, [rollout_pack(trees)], args, vocab_limit=vl)
     before_params = _snapshot(m)
     head_before = _snapshot(critic)
     before = _eval_loss(m, critic, targets, args, vl)
@@ -337,7 +339,7 @@ def test_value_pretraining_lowers_value_loss_and_freezes_policy(model, tokenizer
     m = copy.deepcopy(model)
     args = Args(update_epochs=6, minibatches=2, vf_clip=0.0)
     critic = Critic.on_policy(m, init_std=0.1) if kind == "shared" else Critic.separate(m, init_std=0.1)
-    targets = prepare(m, critic, [pack_trees(trees[:1]), pack_trees(trees[1:])], args, vocab_limit=vl)
+    targets = prepare(m, critic, [rollout_pack(trees[:1]), rollout_pack(trees[1:])], args, vocab_limit=vl)
     policy_before = _snapshot(m)
     critic_before = _snapshot(critic)
     v_before = _eval_loss(m, critic, targets, args, vl, value_only=True)

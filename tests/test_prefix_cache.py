@@ -285,7 +285,8 @@ def test_grpo_loss_and_update_with_auto_equal_the_dense_mask(tokenizer, monkeypa
     for form in ("auto", "additive"):
         pol = copy.deepcopy(base)
         if form != "auto":
-            monkeypatch.setattr(grpo, "token_logprobs", lambda *a, **k: dense_logprobs(*a, mask_form=form, **k))
+            monkeypatch.setattr(grpo, "token_logprobs",
+                                lambda *a, form=form, **k: dense_logprobs(*a, mask_form=form, **k))
         before = {n: q.detach().clone() for n, q in pol.causal_lm.named_parameters()}
         pk = packs[0]
         old = grpo._score(pol, pol.causal_lm, pk, args).detach()

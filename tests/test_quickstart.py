@@ -36,7 +36,8 @@ def test_committed_family_is_what_the_generator_writes(tmp_path):
     roots = count_errors.generate({"train": tmp_path / "train", "heldout": tmp_path / "heldout"})
     assert _same_tree(roots["train"], FAMILY / "count_errors_train")
     assert _same_tree(roots["heldout"], FAMILY / "count_errors_heldout")
-    logs = {split: {(p / "input_files" / "app.log").read_text() for p in root.iterdir()} for split, root in roots.items()}
+    logs = {split: {(p / "input_files" / "app.log").read_text() for p in root.iterdir()}
+            for split, root in roots.items()}
     assert len(logs["train"]) == 48 and len(logs["heldout"]) == 16
     assert not logs["train"] & logs["heldout"]
 

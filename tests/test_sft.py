@@ -39,7 +39,7 @@ def collected(suite, tmp_path_factory):
 
 def test_expert_episodes_are_captured_through_the_harness(collected):
     episodes, counts = collected
-    assert counts["expert_episodes"] == 3 and counts["expert_kept"] == 3 and counts["expert_infra_failures"] == 0
+    assert counts.episodes == 3 and counts.kept == 3 and counts.infra_failures == 0
     for rec, calls in episodes:
         assert rec.harness == "mini" and rec.reward == 1.0 and len(calls) == 2
         assert all(c.token_exact for c in calls)
@@ -81,12 +81,12 @@ def test_sft_lowers_the_expert_nll_and_saves_a_servable_model(collected, suite, 
     summary = sft.train(args, policy=policy, episodes=episodes)
     after = nll()
     assert after < before / 3, (before, after)
-    assert summary["episodes"] == 3 and Path(summary["metrics"]).is_file()
+    assert summary.episodes == 3 and Path(summary.metrics).is_file()
 
     from clawgym_env.policy.base import GenerationContext, SamplingParams
     from clawgym_env.policy.transformers_backend import TransformersPolicy
 
-    served = TransformersPolicy.from_pretrained(summary["model_dir"], device="cpu")
+    served = TransformersPolicy.from_pretrained(summary.model_dir, device="cpu")
     prompt = episodes[0][1][0].prompt_token_ids
     gen = served.generate(prompt, SamplingParams(max_tokens=4, temperature=0.0), GenerationContext())
     with torch.no_grad():

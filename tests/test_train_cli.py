@@ -22,7 +22,10 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bub
 
 REWARD_SH = """#!/usr/bin/env bash
 set -euo pipefail
-python3 -c 'import json, os; p = json.load(open(os.environ["OPENCLAW_REWARD_PAYLOAD"])); m = p.get("final_message") or ""; print(1.0 if len(m) % 2 == 0 else 0.0)'
+python3 -c 'import json, os
+p = json.load(open(os.environ["OPENCLAW_REWARD_PAYLOAD"]))
+m = p.get("final_message") or ""
+print(1.0 if len(m) % 2 == 0 else 0.0)'
 """
 
 
@@ -32,8 +35,9 @@ def make_suite(root: Path) -> Path:
         d = suite / f"parity_{i}"
         (d / "reward").mkdir(parents=True)
         (d / "data_entry.json").write_text(json.dumps({
-            "task_id": f"parity_{i}", "user_query": f"Say something ({i}).", "input_mount_dir": "/root/.openclaw/workspace",
-            "metadata": {"grading_type": "automated"}, "limits": {"timeout_s": 60, "max_turns": 2, "reward_timeout_s": 30}}))
+            "task_id": f"parity_{i}", "user_query": f"Say something ({i}).",
+            "input_mount_dir": "/root/.openclaw/workspace", "metadata": {"grading_type": "automated"},
+            "limits": {"timeout_s": 60, "max_turns": 2, "reward_timeout_s": 30}}))
         (d / "reward" / "reward.sh").write_text(REWARD_SH)
     return suite
 

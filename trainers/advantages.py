@@ -28,7 +28,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from clawgym_env.capture.tree import CallTree
 
 
 def is_constant(rewards: Sequence[float], tol: float = 1e-9) -> bool:
@@ -48,28 +52,24 @@ def group_advantages(rewards: Sequence[float], *, normalize_std: bool = True, ep
     return adv
 
 
-def node_episodes(tree: Any) -> list[list[int]]:
+def node_episodes(tree: CallTree) -> list[list[int]]:
     """For each node, the positions of the episodes whose calls pass through it (sorted)."""
-    call_episode = tree.meta.get("call_episode")
-    out = []
-    for node in tree.nodes:
-        if call_episode is None:
-            out.append([0])
-        else:
-            out.append(sorted({call_episode[c] for c in node.calls}))
-    return out
+    meta = tree.meta
+    if meta.call_episode is None:
+        return [[0] for _ in tree.nodes]
+    return [sorted({meta.episode_of(c) for c in node.calls}) for node in tree.nodes]
 
 
-def episode_own_tokens(tree: Any) -> list[dict[int, list[bool]]]:
+def episode_own_tokens(tree: CallTree) -> list[dict[int, list[bool]]]:
     """For each node, ``{episode: flags}``: which of the node's tokens that episode's own calls sampled.
 
     A token is an episode's action only where one of its calls sampled it; a token it received only as
     context (e.g. a turn identical to another episode's sample, spliced or prefilled into its prompt)
-    is not. Trees without ``meta["prompt_lengths"]`` (older files) fall back to ``node.sampled``.
+    is not. Trees without ``meta.prompt_lengths`` (older files) fall back to ``node.sampled``.
+    This is THE "own tokens only" rule of every trainer (GRPO/SFT pairs, PPO loss weights).
     """
     members = node_episodes(tree)
-    lengths = tree.meta.get("prompt_lengths")
-    call_episode = tree.meta.get("call_episode")
+    lengths = tree.meta.prompt_lengths
     out: list[dict[int, list[bool]]] = []
     for node, eps in zip(tree.nodes, members):
         if lengths is None:
@@ -77,13 +77,13 @@ def episode_own_tokens(tree: Any) -> list[dict[int, list[bool]]]:
             continue
         first: dict[int, int] = {}  # episode -> the shortest prompt among its calls through the node
         for c in node.calls:
-            e = call_episode[c] if call_episode is not None else 0
+            e = tree.meta.episode_of(c)
             first[e] = min(first.get(e, lengths[c]), lengths[c])
         out.append({e: [s and node.depth + j >= first[e] for j, s in enumerate(node.sampled)] for e in eps})
     return out
 
 
-def episode_token_weights(tree: Any, num_episodes: int | None = None) -> list[dict[int, float]]:
+def episode_token_weights(tree: CallTree, num_episodes: int | None = None) -> list[dict[int, float]]:
     """Per node, ``{episode: weight}`` for its sampled tokens, ``weight = 1 / (G * N_e)``."""
     members = node_episodes(tree)
     episodes = num_episodes or (max((e for m in members for e in m), default=-1) + 1)
@@ -96,13 +96,13 @@ def episode_token_weights(tree: Any, num_episodes: int | None = None) -> list[di
             for eps in members]
 
 
-def leaf_rewards(tree: Any, episode_rewards: Sequence[float]) -> dict[int, float]:
+def leaf_rewards(tree: CallTree, episode_rewards: Sequence[float]) -> dict[int, float]:
     """Terminal reward of each leaf: the mean reward of the episodes whose calls end in that leaf's path."""
     members = node_episodes(tree)
     return {leaf: sum(episode_rewards[e] for e in members[leaf]) / len(members[leaf]) for leaf in tree.leaves()}
 
 
-def tree_gae(tree: Any, values: Sequence[Sequence[float | None]], rewards: dict[int, float], *,
+def tree_gae(tree: CallTree, values: Sequence[Sequence[float | None]], rewards: dict[int, float], *,
              gamma: float = 1.0, lam: float = 1.0) -> tuple[list[list[float]], list[list[float]]]:
     """GAE over every root→leaf path, combined on shared nodes by the mean over paths.
 
@@ -118,7 +118,10 @@ def tree_gae(tree: Any, values: Sequence[Sequence[float | None]], rewards: dict[
         next_value, next_adv = 0.0, 0.0
         for k in range(len(steps) - 1, -1, -1):
             nid, j = steps[k]
-            v = float(values[nid][j])
+            value = values[nid][j]
+            if value is None:
+                raise ValueError(f"tree_gae: no value before sampled token {j} of node {nid}")
+            v = float(value)
             reward = rewards[leaf] if k == len(steps) - 1 else 0.0
             delta = reward + gamma * next_value - v
             a = delta + gamma * lam * next_adv

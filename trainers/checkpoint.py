@@ -36,7 +36,7 @@ LATEST = "latest"
 
 def rng_state() -> dict[str, Any]:
     """Every RNG a trainer draws from, as JSON-ready lists."""
-    np_state = np.random.get_state()
+    np_state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]
     py = random.getstate()
     out = {"python": [py[0], list(py[1]), py[2]],
            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
@@ -47,6 +47,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the Python, NumPy and torch RNG states of :func:`rng_state`."""
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]
@@ -57,7 +58,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _jsonable(config: Any) -> Any:
-    if dataclasses.is_dataclass(config):
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return dataclasses.asdict(config)
     return config
 

@@ -51,9 +51,9 @@ def field_docs(cls: type) -> dict[str, str]:
 
 def _nested(hint: Any) -> type | None:
     """The dataclass inside a field's type (``PolicyConfig`` or ``PolicyConfig | None``), if any."""
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return hint
-    return next((a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)), None)
+    return next((a for a in typing.get_args(hint) if isinstance(a, type) and dataclasses.is_dataclass(a)), None)
 
 
 def undocumented(cls: type, prefix: str = "") -> list[str]:
@@ -98,7 +98,7 @@ def describe(cls: type, prefix: str = "") -> str:
 def _forbid_extra(cls: type) -> None:
     """Forbid unknown keys at every level (pydantic reads ``__pydantic_config__`` on stdlib dataclasses)."""
     if "__pydantic_config__" not in cls.__dict__:
-        cls.__pydantic_config__ = pydantic.ConfigDict(extra="forbid")
+        cls.__pydantic_config__ = pydantic.ConfigDict(extra="forbid")  # type: ignore[attr-defined]
     for hint in typing.get_type_hints(cls).values():
         sub = _nested(hint)
         if sub is not None:

@@ -17,7 +17,7 @@ Invariants of :class:`ConsistencyReport`:
   signed log ratio, ``share_beyond`` is the share with ``|log_ratio| > threshold``, ``share_clipped``
   the share with ``exp(log_ratio) > clip`` (weight truncated to ``clip``);
 * ``inexact_call_share`` is the share of captured calls recorded as not token-exact (a turn of their
-  history was re-rendered from text: the tree's ``meta["inexact_calls"]``); ``inexact_token_share``
+  history was re-rendered from text: the tree's ``meta.inexact_calls``); ``inexact_token_share``
   the share of compared tokens lying only on such calls' paths (every call through their node is
   inexact), i.e. training signal that exists only because of re-rendered context.
 
@@ -35,9 +35,10 @@ from typing import Any
 
 import torch
 
+from clawgym_env.capture.tree import CallTree
 from clawgym_env.errors import PolicyError
 from trainers.logprobs import token_logprobs
-from trainers.packing import PackedTree, inexact_token_mask, pack_batch
+from trainers.packing import PackedTree, pack_batch, scorable_mask, trainable_mask
 
 DEFAULT_QUANTILES = (0.0, 0.01, 0.05, 0.5, 0.95, 0.99, 1.0)
 
@@ -69,10 +70,12 @@ class ConsistencyReport:
 
     @property
     def inexact_call_share(self) -> float:
+        """Share of the captured calls recorded as not token-exact."""
         return self.inexact_calls / self.num_calls if self.num_calls else 0.0
 
     @property
     def inexact_token_share(self) -> float:
+        """Share of the compared tokens that lie only on inexact calls."""
         return self.inexact_tokens / self.compared_tokens if self.compared_tokens else 0.0
 
     def flat_log_ratio(self) -> torch.Tensor:
@@ -95,11 +98,6 @@ class ConsistencyReport:
         return out
 
 
-def _num_calls(tree) -> int:
-    meta = getattr(tree, "meta", None) or {}
-    return int(meta.get("num_calls", len(getattr(tree, "call_leaf", {}))))
-
-
 def report_from_logprobs(packs: Sequence[PackedTree], train_logprobs: Sequence[torch.Tensor], *, clip: float = 2.0,
                          threshold: float = 0.1, quantiles: Sequence[float] = DEFAULT_QUANTILES) -> ConsistencyReport:
     """Build the report from logprobs a trainer already computed (one [T] tensor per pack)."""
@@ -114,7 +112,7 @@ def report_from_logprobs(packs: Sequence[PackedTree], train_logprobs: Sequence[t
         if lp.shape != (pack.num_tokens,):
             raise PolicyError(f"logprobs of shape {tuple(lp.shape)} do not fit a pack of {pack.num_tokens} tokens")
         lp = lp.detach().to(torch.float64)
-        m = pack.target_mask & pack.logprob_known
+        m = scorable_mask(pack)
         lr = torch.where(m, lp - pack.rollout_logprobs.to(torch.float64), torch.zeros_like(lp))
         w = torch.where(m, torch.clamp(torch.exp(lr), max=clip), torch.ones_like(lr))
         ratios.append(lr.float())
@@ -124,9 +122,9 @@ def report_from_logprobs(packs: Sequence[PackedTree], train_logprobs: Sequence[t
         sampled += int(pack.sampled.sum())
         for tree in pack.trees:
             n_trees += 1
-            num_calls += _num_calls(tree)
-            inexact_calls += len(set((getattr(tree, "meta", None) or {}).get("inexact_calls", [])))
-        inexact_flags.append(inexact_token_mask(pack)[m])
+            num_calls += tree.meta.calls_in(len(tree.call_leaf))
+            inexact_calls += len(set(tree.meta.inexact_calls))
+        inexact_flags.append(~trainable_mask(pack)[m])  # compared, but not trainable: only on inexact calls
     x = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.float64)
     n = int(x.numel())
     qs = {f"q{q:g}": (float(torch.quantile(x, q)) if n else math.nan) for q in quantiles}
@@ -143,7 +141,7 @@ def report_from_logprobs(packs: Sequence[PackedTree], train_logprobs: Sequence[t
         mean_weight=float(torch.clamp(torch.exp(x), max=clip).mean()) if n else math.nan)
 
 
-def consistency_report(model, trees: Any | Sequence[Any], *, clip: float = 2.0, threshold: float = 0.1,
+def consistency_report(model, trees: CallTree | Sequence[CallTree], *, clip: float = 2.0, threshold: float = 0.1,
                        temperature: float = 1.0, vocab_limit: int | None = None, chunk_size: int = 1024,
                        max_tokens: int | None = None, quantiles: Sequence[float] = DEFAULT_QUANTILES,
                        packs: Sequence[PackedTree] | None = None) -> ConsistencyReport:
@@ -153,13 +151,12 @@ def consistency_report(model, trees: Any | Sequence[Any], *, clip: float = 2.0, 
     built). Runs without gradient on the model's device; put the model in eval mode first.
     """
     if packs is None:
-        if hasattr(trees, "nodes"):
-            trees = [trees]
         device = next(model.parameters()).device
-        packs = pack_batch(list(trees), max_tokens=max_tokens, device=device)
+        packs = pack_batch([trees] if isinstance(trees, CallTree) else list(trees), max_tokens=max_tokens,
+                           device=device)
     lps = []
     with torch.no_grad():
         for pack in packs:
-            lps.append(token_logprobs(model, pack, chunk_size, mask=pack.target_mask & pack.logprob_known,
+            lps.append(token_logprobs(model, pack, chunk_size, mask=scorable_mask(pack),
                                       temperature=temperature, vocab_limit=vocab_limit))
     return report_from_logprobs(packs, lps, clip=clip, threshold=threshold, quantiles=quantiles)

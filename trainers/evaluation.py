@@ -14,7 +14,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from trainers.rollouts import evaluate
 

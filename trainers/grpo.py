@@ -48,15 +48,17 @@ from clawgym_env.errors import PolicyError
 from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainers.evaluation import eval_harnesses, evaluate_harnesses
 from trainers.logprobs import token_logprobs
-from trainers.metrics import MetricsLogger, plot_curves, rollout_metrics
+from trainers.metrics import MetricsLogger, MetricsRow, MetricValue, plot_curves, rollout_metrics
 from trainers.policy import PolicyConfig, TrainablePolicy
 from trainers.rollouts import harness_plan, judge_for, run_jobs
+from trainers.summary import TrainSummary
 from trainers.sync import InProcessSync
 from trainers.tree_batch import LOSS_NORMS, OVERLONG_MODES, TrainPack, group_summary, make_groups, pack_groups
 
 
 @dataclasses.dataclass
 class Args:
+    """Every setting of a GRPO run (``clawgym train --help-config grpo`` lists them)."""
     out_dir: str = "runs/grpo"
     """folder of the run: metrics.jsonl, checkpoints/, episodes/, config.json, summary.json"""
     seed: int = 0
@@ -192,12 +194,14 @@ def _score(policy: TrainablePolicy, model, pack: TrainPack, args: Args) -> torch
 
 
 def grpo_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, packs: list[TrainPack],
-                args: Args) -> dict[str, Any]:
+                args: Args) -> MetricsRow:
     """Steps 4 of the module docstring over ``packs``; returns the update's statistics."""
     clip_high = args.clip_eps if args.clip_eps_high is None else args.clip_eps_high
     model = policy.causal_lm
     t0 = time.perf_counter()
-    olds, weights, refs = [], [], []
+    olds: list[torch.Tensor] = []
+    weights: list[torch.Tensor] = []
+    refs: list[torch.Tensor | None] = []
     kl_roll, is_sum, is_clipped, n_tok = 0.0, 0.0, 0, 0
     with torch.no_grad():
         for pack in packs:
@@ -217,7 +221,7 @@ def grpo_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, packs
                     refs.append(_score(policy, ref_model, pack, args))
             else:
                 refs.append(None)
-    groups_of = [len({e["group"] for e in p.episodes}) for p in packs]
+    groups_of = [len({e.group for e in p.episodes}) for p in packs]
     total_groups = sum(groups_of)
     totals: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clipped_tokens": 0.0, "tokens": 0.0}
     grad_norms = []
@@ -261,7 +265,7 @@ def draw_jobs(args: Args, tasks: list, step: int, groups: int | None = None, ref
     plan = harness_plan(args.harnesses, args.groups_per_step if groups is None else groups)
     jobs = []
     for harness, n in sorted(plan.items()):
-        picks = []
+        picks: list[Any] = []
         while len(picks) < n:
             picks += rng.sample(tasks, min(len(tasks), n - len(picks)))
         jobs += [(t, harness) for t in picks]
@@ -292,6 +296,11 @@ def collect_groups(args: Args, tasks: list, step: int, run) -> tuple[list[Any], 
     return results, groups, {"refill_groups": drawn, "refill_rounds": rounds}
 
 
+def _number(value: MetricValue) -> float:
+    """A metric as a float for display (NaN when it is missing or not a number)."""
+    return float(value) if isinstance(value, (int, float)) and value is not None else float("nan")
+
+
 def resume(args: Args, policy: TrainablePolicy, optimizer: torch.optim.Optimizer, out: Path,
            echo=print) -> tuple[int, int]:
     """Take the KL reference, then load ``out``'s latest checkpoint if resuming; returns (first step, version).
@@ -309,8 +318,8 @@ def resume(args: Args, policy: TrainablePolicy, optimizer: torch.optim.Optimizer
     return state["step"] + 1, state["version"]
 
 
-def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> dict[str, Any]:
-    """Run GRPO per ``args``; returns a summary (also written to ``<out_dir>/summary.json``)."""
+def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> TrainSummary:
+    """Run GRPO per ``args``; returns its summary (also written to ``<out_dir>/summary.json``)."""
     from clawgym_env.runtime import Runtime
     from tasks import load_suite
 
@@ -334,18 +343,19 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> d
         from tqdm.auto import tqdm
 
         bar = tqdm(total=args.steps, initial=start - 1, desc="grpo", unit="step")
-    last: dict[str, Any] = {}
+    last: MetricsRow = {}
     with Runtime(sync.serving, sandbox=args.sandbox, out_dir=out / "episodes",
                  judge=judge_for(tasks + eval_tasks)) as rt:
         for step in range(start, args.steps + 1):
             t0 = time.perf_counter()
             results, groups, refill = collect_groups(
-                args, tasks, step, lambda jobs: run_jobs(rt, jobs, group_size=args.group_size, sampling=sampling,
-                                                          policy_version=version, concurrency=args.concurrency))
+                args, tasks, step, lambda jobs, v=version: run_jobs(rt, jobs, group_size=args.group_size,
+                                                                     sampling=sampling, policy_version=v,
+                                                                     concurrency=args.concurrency))
             rollout_s = time.perf_counter() - t0
             row = rollout_metrics(results, args.pass_threshold)
             row["rollout_s"] = rollout_s
-            row["rollout_tokens_per_s"] = row["sampled_tokens"] / rollout_s if rollout_s > 0 else None
+            row["rollout_tokens_per_s"] = _number(row["sampled_tokens"]) / rollout_s if rollout_s > 0 else None
             row.update(group_summary(groups), **refill)
             packs = pack_groups(groups, max_tokens=args.max_pack_tokens, device=policy.device,
                                 loss_norm=args.loss_norm, norm_constant=args.loss_norm_constant or args.max_tokens)
@@ -365,21 +375,18 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> d
                 save_checkpoint(out, step, policy, optimizer, config=args, version=version,
                                 keep=args.keep_checkpoints)
             if bar is not None:
-                bar.set_postfix_str(f"reward {row['reward_mean'] if row['reward_mean'] is not None else float('nan'):.3f}"
-                                    f" pass {row['pass_rate'] if row['pass_rate'] is not None else float('nan'):.2f}"
+                bar.set_postfix_str(f"reward {_number(row['reward_mean']):.3f} pass {_number(row['pass_rate']):.2f}"
                                     f" groups {row['groups_trained']}/{row['groups']}")
                 bar.update(1)
     if bar is not None:
         bar.close()
     metrics.close()
     curves = plot_curves(metrics.path, out) if args.plot else None
-    summary = {"algo": "grpo", "out_dir": str(out), "steps": args.steps, "version": version,
-               "last": last, "curves": str(curves) if curves else None,
-               "checkpoint": str(latest_checkpoint(out)) if latest_checkpoint(out) else None,
-               "metrics": str(metrics.path)}
-    import json
-
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    if not math.isfinite(float(last.get("loss") or 0.0)):
+    ckpt = latest_checkpoint(out)
+    summary = TrainSummary(algo="grpo", out_dir=str(out), steps=args.steps, metrics=str(metrics.path), last=last,
+                           version=version, checkpoint=str(ckpt) if ckpt else None,
+                           curves=str(curves) if curves else None)
+    summary.write()
+    if not math.isfinite(summary.final_loss or 0.0):
         echo("warning: the last loss is not finite")
     return summary

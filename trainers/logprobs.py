@@ -40,6 +40,7 @@ group of 4 Claude Code episodes, CPU, the step took 12.9 s and 2.9 GB with it, 5
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 
@@ -145,7 +146,7 @@ def forward_segments(packed: PackedTree) -> list[tuple[int, int, int]]:
         else:
             segs.append([offs[n], offs[n + 1], seg_of[par] if par >= 0 else -1])
         seg_of[n], last = len(segs) - 1, n
-    return [tuple(x) for x in segs]
+    return [(a, b, c) for a, b, c in segs]
 
 
 def prefix_cache_hidden_states(base, packed: PackedTree) -> torch.Tensor:
@@ -197,8 +198,9 @@ def prefix_cache_hidden_states(base, packed: PackedTree) -> torch.Tensor:
         out = base(input_ids=ids[:, start:end], position_ids=pos[:, start:end], use_cache=True, **{cache_kw: cache})
         outs.append(out.last_hidden_state[0])
         keys, values = [], []
-        for layer in cache.layers:
-            k, v = layer.keys[..., past:, :], layer.values[..., past:, :]
+        for cache_layer in cache.layers:
+            layer_kv: Any = cache_layer  # a DynamicCache layer (keys/values tensors); transformers types it as a union
+            k, v = layer_kv.keys[..., past:, :], layer_kv.values[..., past:, :]
             if past and not torch.is_grad_enabled():  # a view would pin the whole concatenation
                 k, v = k.clone(), v.clone()
             keys.append(k)
@@ -358,5 +360,6 @@ def token_logprobs(model, packed: PackedTree, chunk_size: int = 1024, *, mask: t
     full = torch.zeros(packed.num_tokens, dtype=lp.dtype, device=hidden.device).index_put((idx,), lp)
     if not return_entropy:
         return full
+    assert ent is not None  # return_entropy
     full_ent = torch.zeros(packed.num_tokens, dtype=ent.dtype, device=hidden.device).index_put((idx,), ent)
     return full, full_ent

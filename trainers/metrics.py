@@ -20,14 +20,20 @@ import json
 import math
 import time
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
 
+MetricValue = int | float | str | bool | None
+"""One metric as written (a JSON scalar)."""
+MetricsRow = dict[str, MetricValue]
+"""One logged row: ``step``, ``time`` and the step's metrics."""
 
-def _clean(v: Any) -> Any:
+
+def _clean(v: Any) -> MetricValue:
     if isinstance(v, bool) or v is None or isinstance(v, str):
         return v
     if isinstance(v, int):
@@ -39,6 +45,11 @@ def _clean(v: Any) -> Any:
     return str(v)
 
 
+def _step(row: MetricsRow) -> int:
+    step = row.get("step")
+    return step if isinstance(step, int) else 0
+
+
 class MetricsLogger:
     """Append-only JSONL metrics (+ TensorBoard); see the module invariants."""
 
@@ -46,7 +57,7 @@ class MetricsLogger:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / METRICS_FILE
-        kept = [r for r in read_metrics(self.path) if r.get("step", 0) < start_step] if start_step > 0 else []
+        kept = [r for r in read_metrics(self.path) if _step(r) < start_step] if start_step > 0 else []
         with self.path.open("w", encoding="utf-8") as fh:
             for r in kept:
                 fh.write(json.dumps(r) + "\n")
@@ -60,8 +71,9 @@ class MetricsLogger:
             except Exception as exc:  # noqa: BLE001 - TensorBoard is optional
                 self.tensorboard_error = f"TensorBoard disabled: {exc}"
 
-    def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
-        row = {"step": int(step), "time": time.time(), **{k: _clean(v) for k, v in metrics.items()}}
+    def log(self, step: int, metrics: Mapping[str, Any]) -> MetricsRow:
+        """Append one row (``step``, ``time`` and ``metrics`` made JSON-safe) and return it."""
+        row: MetricsRow = {"step": int(step), "time": time.time(), **{k: _clean(v) for k, v in metrics.items()}}
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
         if self._tb is not None:
@@ -72,12 +84,13 @@ class MetricsLogger:
         return row
 
     def close(self) -> None:
+        """Flush and close TensorBoard (the JSONL file is closed after every row)."""
         if self._tb is not None:
             self._tb.close()
             self._tb = None
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+def read_metrics(path: str | Path) -> list[MetricsRow]:
     """Rows of a metrics JSONL file ([] when absent); a torn last line is skipped."""
     path = Path(path)
     if path.is_dir():
@@ -93,7 +106,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def rollout_metrics(results: Iterable[Any], pass_threshold: float = 1.0, prefix: str = "") -> dict[str, Any]:
+def rollout_metrics(results: Iterable[Any], pass_threshold: float = 1.0, prefix: str = "") -> MetricsRow:
     """Reward mean, pass rate, episode and infra-failure counts, overall and per harness.
 
     Only task outcomes count as episodes; the others (``infra_error``, ``reward_invalid``) are
@@ -115,15 +128,16 @@ def rollout_metrics(results: Iterable[Any], pass_threshold: float = 1.0, prefix:
             per.setdefault(rec.harness, [])
         else:
             per[rec.harness].append(float(rec.reward))
-    out: dict[str, Any] = {}
+    out: MetricsRow = {}
     every = [r for rs in per.values() for r in rs]
 
     def fill(p: str, rewards: list[float], n_infra: int) -> None:
         out[f"{p}episodes"] = len(rewards)
         out[f"{p}infra_failures"] = n_infra
         out[f"{p}reward_mean"] = sum(rewards) / len(rewards) if rewards else None
-        out[f"{p}passed"] = sum(r >= pass_threshold for r in rewards)
-        out[f"{p}pass_rate"] = out[f"{p}passed"] / len(rewards) if rewards else None
+        passed = sum(r >= pass_threshold for r in rewards)
+        out[f"{p}passed"] = passed
+        out[f"{p}pass_rate"] = passed / len(rewards) if rewards else None
 
     fill(prefix, every, sum(infra.values()))
     out[f"{prefix}sampled_tokens"] = tokens
@@ -140,7 +154,7 @@ def _is_outcome(rec: Any) -> bool:
     return bool(outcome) if outcome is not None else not rec.is_infra_failure
 
 
-def plot_curves(rows: list[dict[str, Any]] | str | Path, out: str | Path) -> Path | None:
+def plot_curves(rows: list[MetricsRow] | str | Path, out: str | Path) -> Path | None:
     """Draw the training curves into ``out`` (a PNG path, or a folder → ``curves.png``); None without
     matplotlib or rows."""
     if not isinstance(rows, list):

@@ -1,7 +1,7 @@
 """Tree packing: one or more call trees flattened into ONE packed sequence for a single forward pass.
 
-A call tree (:class:`clawgym_env.capture.tree.CallTree`, used here by duck typing: ``nodes`` with
-``parent``/``tokens``/``sampled``/``logprobs``/``children``, ``roots``, ``call_leaf``) stores every
+A call tree (:class:`clawgym_env.capture.tree.CallTree`: ``nodes`` with
+``parent``/``tokens``/``sampled``/``logprobs``/``children``, ``roots``, ``call_leaf``, ``meta``) stores every
 distinct token prefix once. Packing lays its nodes out depth-first (preorder from each root, children
 in the tree's order; several trees one after the other) and gives each token:
 
@@ -27,6 +27,10 @@ Invariants of :class:`PackedTree` (``T`` tokens, ``N`` nodes over all packed tre
 * ``rollout_logprobs[i]`` is the captured logprob where ``logprob_known[i]`` (a sampled token with a
   recorded logprob), 0.0 elsewhere; ``target_mask`` = sampled tokens that have a predecessor.
 
+The trainable-token rule (:func:`trainable_mask`) lives here, once, for every trainer: a
+:func:`scorable_mask` token (sampled, with a predecessor and a recorded rollout logprob) that lies on
+at least one token-exact call (:func:`inexact_token_mask` marks the others).
+
 Packing needs torch; the tree itself does not.
 """
 
@@ -34,10 +38,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
+from clawgym_env.capture.tree import CallTree
 from clawgym_env.errors import PolicyError
 
 MASK_FORMS = ("bool", "additive", "block")
@@ -62,17 +66,19 @@ class PackedTree:
     paths: list[torch.Tensor]        # per root-to-leaf path: packed token indices in order
     path_leaves: list[tuple[int, int]]  # per path: (tree index, leaf node id)
     tree_ranges: list[tuple[int, int]]  # per packed tree: [start, end) token range
-    trees: list[Any] = dataclasses.field(default_factory=list, repr=False)
+    trees: list[CallTree] = dataclasses.field(default_factory=list, repr=False)
     _ancestors: torch.Tensor | None = dataclasses.field(default=None, repr=False)
     _node_index: dict[tuple[int, int], int] | None = dataclasses.field(default=None, repr=False)
 
     # ---- sizes and masks ------------------------------------------------------------------------
     @property
     def num_tokens(self) -> int:
+        """T, the packed tokens."""
         return int(self.input_ids.shape[0])
 
     @property
     def num_nodes(self) -> int:
+        """N, the packed nodes over all trees."""
         return int(self.node_parent.shape[0])
 
     @property
@@ -163,7 +169,7 @@ class PackedTree:
             raise PolicyError(f"node {node_id} of packed tree {tree_index} is not in this pack")
         return k
 
-    def to(self, device) -> "PackedTree":
+    def to(self, device) -> PackedTree:
         """A copy with every tensor on ``device``."""
         moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for k, v in moved.items():
@@ -173,7 +179,7 @@ class PackedTree:
         return PackedTree(**moved)
 
 
-def _preorder(tree) -> list[int]:
+def _preorder(tree: CallTree) -> list[int]:
     order: list[int] = []
     stack = list(reversed(tree.roots))
     while stack:
@@ -186,14 +192,12 @@ def _preorder(tree) -> list[int]:
     return order
 
 
-def pack_trees(trees: Any | Sequence[Any], device: str | torch.device | None = None) -> PackedTree:
+def pack_trees(trees: CallTree | Sequence[CallTree], device: str | torch.device | None = None) -> PackedTree:
     """Pack one tree, or several (e.g. a GRPO group), into one :class:`PackedTree`.
 
     Trees never attend to each other; each keeps its own positions starting at 0.
     """
-    if hasattr(trees, "nodes"):
-        trees = [trees]
-    trees = list(trees)
+    trees = [trees] if isinstance(trees, CallTree) else list(trees)
     if not trees:
         raise PolicyError("pack_trees needs at least one tree")
     ids: list[int] = []
@@ -236,7 +240,7 @@ def pack_trees(trees: Any | Sequence[Any], device: str | torch.device | None = N
                 sampled.append(bool(node.sampled[j]))
                 lp = node.logprobs[j]
                 known.append(bool(node.sampled[j]) and lp is not None)
-                lps.append(float(lp) if known[-1] else 0.0)
+                lps.append(float(lp) if lp is not None and known[-1] else 0.0)
                 token_node.append(k)
             if not node.children:
                 leaf_nodes.append(k)
@@ -250,9 +254,8 @@ def pack_trees(trees: Any | Sequence[Any], device: str | torch.device | None = N
     for k in reversed(range(n_nodes)):  # children come after parents
         if parents[k] >= 0:
             leaves_below[parents[k]] += leaves_below[k]
-    kw = {"device": device}
-    tok_node = torch.tensor(token_node, dtype=torch.long, **kw)
-    offs = torch.tensor(offsets, dtype=torch.long, **kw)
+    tok_node = torch.tensor(token_node, dtype=torch.long, device=device)
+    offs = torch.tensor(offsets, dtype=torch.long, device=device)
     paths = []
     for leaf in leaf_nodes:
         chain = []
@@ -260,28 +263,28 @@ def pack_trees(trees: Any | Sequence[Any], device: str | torch.device | None = N
         while n >= 0:
             chain.append(n)
             n = parents[n]
-        paths.append(torch.cat([torch.arange(offsets[m], offsets[m + 1], **kw) for m in reversed(chain)]))
+        paths.append(torch.cat([torch.arange(offsets[m], offsets[m + 1], device=device) for m in reversed(chain)]))
     return PackedTree(
-        input_ids=torch.tensor(ids, dtype=torch.long, **kw),
-        position_ids=torch.tensor(pos, dtype=torch.long, **kw),
-        predecessor=torch.tensor(pred, dtype=torch.long, **kw),
-        sampled=torch.tensor(sampled, dtype=torch.bool, **kw),
-        rollout_logprobs=torch.tensor(lps, dtype=torch.float32, **kw),
-        logprob_known=torch.tensor(known, dtype=torch.bool, **kw),
-        path_counts=torch.tensor(leaves_below, dtype=torch.float32, **kw)[tok_node],
+        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+        position_ids=torch.tensor(pos, dtype=torch.long, device=device),
+        predecessor=torch.tensor(pred, dtype=torch.long, device=device),
+        sampled=torch.tensor(sampled, dtype=torch.bool, device=device),
+        rollout_logprobs=torch.tensor(lps, dtype=torch.float32, device=device),
+        logprob_known=torch.tensor(known, dtype=torch.bool, device=device),
+        path_counts=torch.tensor(leaves_below, dtype=torch.float32, device=device)[tok_node],
         token_node=tok_node, node_offsets=offs,
-        node_parent=torch.tensor(parents, dtype=torch.long, **kw),
-        node_tree=torch.tensor(node_tree, dtype=torch.long, **kw),
-        node_ids=torch.tensor(node_ids, dtype=torch.long, **kw),
+        node_parent=torch.tensor(parents, dtype=torch.long, device=device),
+        node_tree=torch.tensor(node_tree, dtype=torch.long, device=device),
+        node_ids=torch.tensor(node_ids, dtype=torch.long, device=device),
         paths=paths, path_leaves=path_leaves, tree_ranges=ranges, trees=trees)
 
 
-def tree_tokens(tree) -> int:
+def tree_tokens(tree: CallTree) -> int:
     """Number of tokens ``tree`` occupies in a pack (the sum of its segment lengths)."""
     return sum(len(n.tokens) for n in tree.nodes)
 
 
-def pack_batch(trees: Sequence[Any], max_tokens: int | None = None,
+def pack_batch(trees: Sequence[CallTree], max_tokens: int | None = None,
                device: str | torch.device | None = None) -> list[PackedTree]:
     """Pack ``trees`` into a list of packs of at most ``max_tokens`` tokens each, keeping their order.
 
@@ -289,26 +292,35 @@ def pack_batch(trees: Sequence[Any], max_tokens: int | None = None,
     ``max_tokens`` every tree is one pack. Returns ``[]`` for no trees.
     """
     trees = list(trees)
+    return [pack_trees([trees[k] for k in b], device) for b in bin_by_tokens(trees, max_tokens)]
+
+
+def bin_by_tokens(trees: Sequence[CallTree], max_tokens: int | None) -> list[list[int]]:
+    """Indices of ``trees`` in consecutive bins of at most ``max_tokens`` tree tokens each, order kept.
+
+    A tree is never split: a tree larger than ``max_tokens`` gets a bin of its own. Without
+    ``max_tokens`` every tree is one bin. The one packing policy of every trainer.
+    """
     if max_tokens is None:
-        return [pack_trees(t, device) for t in trees]
+        return [[k] for k in range(len(trees))]
     if max_tokens <= 0:
         raise PolicyError(f"max_tokens must be positive, got {max_tokens}")
-    groups: list[list[Any]] = []
+    bins: list[list[int]] = []
     size = 0
-    for t in trees:
+    for k, t in enumerate(trees):
         n = tree_tokens(t)
-        if groups and size + n <= max_tokens:
-            groups[-1].append(t)
+        if bins and size + n <= max_tokens:
+            bins[-1].append(k)
             size += n
         else:
-            groups.append([t])
+            bins.append([k])
             size = n
-    return [pack_trees(g, device) for g in groups]
+    return bins
 
 
-def inexact_nodes(tree) -> set[int]:
-    """Nodes every call through which was recorded as not token-exact (``meta["inexact_calls"]``)."""
-    bad = {int(c) for c in (getattr(tree, "meta", None) or {}).get("inexact_calls", [])}
+def inexact_nodes(tree: CallTree) -> set[int]:
+    """Nodes every call through which was recorded as not token-exact (``meta.inexact_calls``)."""
+    bad = set(tree.meta.inexact_calls)
     if not bad:
         return set()
     return {n.id for n in tree.nodes if n.calls and all(c in bad for c in n.calls)}
@@ -323,8 +335,14 @@ def inexact_token_mask(pack: PackedTree) -> torch.Tensor:
     return bad
 
 
+def scorable_mask(pack: PackedTree) -> torch.Tensor:
+    """[T] bool: sampled tokens with a predecessor and a recorded rollout logprob (what can be scored
+    against the rollout; the consistency report compares exactly these)."""
+    return pack.target_mask & pack.logprob_known
+
+
 def trainable_mask(pack: PackedTree) -> torch.Tensor:
-    """THE trainable-token rule of every trainer: a sampled token with a predecessor and a recorded
-    rollout logprob, on at least one token-exact call (an inexact call's prompt ids may be ids the
-    policy never produced, and a passthrough's logprobs are meaningless)."""
-    return pack.target_mask & pack.logprob_known & ~inexact_token_mask(pack)
+    """THE trainable-token rule of every trainer: a :func:`scorable_mask` token on at least one
+    token-exact call (an inexact call's prompt ids may be ids the policy never produced, and a
+    passthrough's logprobs are meaningless)."""
+    return scorable_mask(pack) & ~inexact_token_mask(pack)

@@ -29,8 +29,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -79,6 +80,7 @@ class PolicyConfig:
 
 
 def resolve_device(device: str) -> torch.device:
+    """``auto`` (or empty) → CUDA when available, else CPU; anything else as given."""
     if device in ("auto", "", None):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
@@ -112,7 +114,7 @@ def _load_causal_lm(cfg: PolicyConfig, tokenizer):
     try:
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=_dtype(cfg.dtype),
                                                     attn_implementation=cfg.attn_implementation)
-    except Exception as exc:  # noqa: BLE001 - re-raised with the path
+    except Exception as exc:
         raise PolicyError(f"could not load a causal LM from {path}: {exc}") from exc
 
 
@@ -135,12 +137,14 @@ class TrainablePolicy:
         lm = model if model is not None else _load_causal_lm(self.config, self.tokenizer)
         lm = lm.to(self.device)
         self.lora = self.config.lora_rank > 0
+        self.module: Any  # the trained module (a peft model under LoRA); transformers models are dynamically typed
+        self.causal_lm: Any  # the causal LM the trainers run forwards on
         if self.lora:
             try:
                 from peft import LoraConfig, get_peft_model
             except ImportError as exc:
                 raise PolicyError("LoRA needs peft: pip install peft (or the dev extras)") from exc
-            lcfg = LoraConfig(r=self.config.lora_rank, lora_alpha=self.config.lora_alpha,
+            lcfg = LoraConfig(r=self.config.lora_rank, lora_alpha=self.config.lora_alpha,  # type: ignore[arg-type]
                               lora_dropout=self.config.lora_dropout, target_modules=list(self.config.lora_targets),
                               task_type="CAUSAL_LM")
             self.module = get_peft_model(lm, lcfg)
@@ -153,11 +157,12 @@ class TrainablePolicy:
             if self.lora:
                 self.causal_lm.enable_input_require_grads()
         self.vocab_limit = min(len(self.tokenizer), int(self.causal_lm.config.vocab_size))
-        self._reference = None
+        self._reference: Any = None
         self.module.train()
 
     # -- parameters and state ---------------------------------------------------------------------
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters that get gradients (the LoRA adapters under LoRA)."""
         return [p for p in self.module.parameters() if p.requires_grad]
 
     def num_parameters(self) -> tuple[int, int]:
@@ -166,12 +171,15 @@ class TrainablePolicy:
         return sum(p.numel() for p in self.trainable_parameters()), total
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        """The module's weights (what a checkpoint stores)."""
         return self.module.state_dict()
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load weights of this policy's shape; a mismatch is an error naming the keys."""
         missing, unexpected = self.module.load_state_dict(state, strict=False)
         if missing or unexpected:
-            raise PolicyError(f"checkpoint does not fit this policy: missing {missing[:3]}, unexpected {unexpected[:3]} "
+            raise PolicyError(f"checkpoint does not fit this policy: missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]} "
                               "(was it saved with another model or LoRA setting?)")
 
     @torch.no_grad()
@@ -188,7 +196,7 @@ class TrainablePolicy:
                 key = f"{name}.weight"
                 for adapter in mod.active_adapters:
                     if adapter in mod.lora_A:
-                        out[key] += mod.get_delta_weight(adapter).to(out[key].dtype)
+                        out[key] += mod.get_delta_weight(adapter).to(out[key].dtype)  # type: ignore[attr-defined]
         return out
 
     # -- reference model for a KL penalty ---------------------------------------------------------

@@ -57,15 +57,17 @@ from typing import Any
 import torch
 
 from clawgym_env.errors import PolicyError
-from trainers.packing import pack_batch
+from trainers.metrics import MetricsRow
 from trainers.policy import PolicyConfig, TrainablePolicy
-from trainers.ppo_targets import (PackTargets, add_reference, forward_pack, gae_targets, loss_weights,  # noqa: F401
-                                  prepare, trained_mask)
+from trainers.ppo_targets import PackTargets, add_reference, forward_pack, gae_targets, loss_weights, prepare  # noqa: F401
+from trainers.summary import TrainSummary
+from trainers.tree_batch import rollout_packs
 from trainers.value import ActorCritic, Critic
 
 
 @dataclasses.dataclass
 class Args:
+    """Every setting of a PPO run (``clawgym train --help-config ppo`` lists them)."""
     out_dir: str = "runs/ppo"
     """folder of the run: metrics.jsonl, checkpoints/, episodes/, config.json, summary.json"""
     seed: int = 0
@@ -174,6 +176,7 @@ class Args:
 
     @property
     def clip_high(self) -> float:
+        """The upper clip range: ``clip_eps_high``, or ``clip_eps`` when unset."""
         return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
 
 
@@ -222,7 +225,7 @@ def update(model, critic: Critic, targets: list[PackTargets], args: Args, optimi
     ``pretrain`` trains the critic alone: the policy gets no gradient, so the optimiser (which skips
     parameters without one) leaves it bit-identical. Returns the stats averaged over minibatches.
     """
-    rng = rng or random  # the global RNG, which checkpoints save and restore
+    shuffle = rng.shuffle if rng is not None else random.shuffle  # default: the global RNG, which checkpoints save
     live = [t for t in targets if t.denom > 0]
     pol = [p for p in model.parameters() if p.requires_grad]
     val = [p for p in critic.parameters() if p.requires_grad]
@@ -230,7 +233,7 @@ def update(model, critic: Critic, targets: list[PackTargets], args: Args, optimi
     n = 0
     for _ in range(args.update_epochs):
         order = live[:]
-        rng.shuffle(order)
+        shuffle(order)
         k = max(1, min(args.minibatches, len(order)))
         for mb in (order[i::k] for i in range(k)):
             optimizer.zero_grad(set_to_none=True)
@@ -254,7 +257,7 @@ def update(model, critic: Critic, targets: list[PackTargets], args: Args, optimi
     return {k: v / n for k, v in sums.items()} if n else {}
 
 
-def batch_metrics(targets: list[PackTargets], is_clip: float) -> dict[str, Any]:
+def batch_metrics(targets: list[PackTargets], is_clip: float) -> MetricsRow:
     """Value fit, advantages and rollout/trainer drift over the trained tokens, overall and per harness."""
     per: dict[str, list[list[torch.Tensor]]] = {}
     for t in targets:
@@ -262,8 +265,8 @@ def batch_metrics(targets: list[PackTargets], is_clip: float) -> dict[str, Any]:
         for ti, (s, e) in enumerate(t.pack.tree_ranges):
             m = t.mask[s:e]
             cols = [x[s:e][m].double() for x in (t.returns, t.old_values, t.advantages, lw)]
-            per.setdefault(t.pack.trees[ti].meta.get("harness") or "?", []).append(cols)
-    out: dict[str, Any] = {}
+            per.setdefault(t.pack.trees[ti].meta.harness or "?", []).append(cols)
+    out: MetricsRow = {}
     groups = [("", [c for rows in per.values() for c in rows])] + [(f"{h}/", rows) for h, rows in sorted(per.items())]
     for prefix, rows in groups:
         ret, v, adv, lw = (torch.cat([r[i] for r in rows]) if rows else torch.zeros(0, dtype=torch.float64)
@@ -303,10 +306,8 @@ def episode_trees(results) -> list[Any]:
             if not r.record.is_infra_failure and r.calls]
 
 
-def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> dict[str, Any]:
-    """Run PPO per ``args``; returns a summary (also written to ``<out_dir>/summary.json``)."""
-    import json
-
+def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> TrainSummary:
+    """Run PPO per ``args``; returns its summary (also written to ``<out_dir>/summary.json``)."""
     from clawgym_env.runtime import Runtime
     from tasks import load_suite
     from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -339,7 +340,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> d
         sync.push(policy, version)
     metrics = MetricsLogger(out, start_step=start)
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
-    last: dict[str, Any] = {}
+    last: MetricsRow = {}
     with Runtime(sync.serving, sandbox=args.sandbox, out_dir=out / "episodes",
                  judge=judge_for(tasks + eval_tasks)) as rt:
         for step in range(start, args.steps + 1):
@@ -348,7 +349,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> d
                                sampling=sampling, policy_version=version, concurrency=args.concurrency)
             row = {**rollout_metrics(results, args.pass_threshold), "rollout_s": time.perf_counter() - t0}
             trees = episode_trees(results)
-            packs = pack_batch(trees, args.max_pack_tokens, device=policy.device)
+            packs = rollout_packs(trees, args.max_pack_tokens, device=policy.device)
             pretrain = step <= args.value_pretrain_steps
             model = policy.causal_lm
             model.eval()
@@ -380,10 +381,10 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> d
     metrics.close()
     curves = plot_curves(metrics.path, out) if args.plot else None
     ckpt = latest_checkpoint(out)
-    summary = {"algo": "ppo", "out_dir": str(out), "steps": args.steps, "version": version, "last": last,
-               "curves": str(curves) if curves else None, "checkpoint": str(ckpt) if ckpt else None,
-               "metrics": str(metrics.path)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    if not math.isfinite(float(last.get("loss") or 0.0)):
+    summary = TrainSummary(algo="ppo", out_dir=str(out), steps=args.steps, metrics=str(metrics.path), last=last,
+                           version=version, checkpoint=str(ckpt) if ckpt else None,
+                           curves=str(curves) if curves else None)
+    summary.write()
+    if not math.isfinite(summary.final_loss or 0.0):
         echo("warning: the last loss is not finite")
     return summary

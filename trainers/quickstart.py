@@ -39,6 +39,7 @@ FAMILY = Path(__file__).resolve().parents[1] / "tasks" / "families"
 
 @dataclasses.dataclass
 class Config:
+    """The quickstart's settings (each is a ``clawgym quickstart --flag``)."""
     out_dir: str = "runs/quickstart"
     train_suite: str = str(FAMILY / "count_errors_train")
     heldout_suite: str = str(FAMILY / "count_errors_heldout")
@@ -111,6 +112,7 @@ def _plot(report: dict[str, Any], rl_metrics: Path, out: Path) -> Path | None:
 
 
 def run(cfg: Config, echo=print) -> dict[str, Any]:
+    """Run the quickstart (module docstring); returns the report also written to ``quickstart.json``."""
     import torch
 
     from clawgym_env.runtime import Runtime
@@ -159,32 +161,34 @@ def run(cfg: Config, echo=print) -> dict[str, Any]:
                         learning_rate=cfg.sft_lr, log_every=5, save_model=False, progress=True)
     episodes, counts = sft.collect_expert(sft_args)
     times["expert_s"] = time.perf_counter() - t0
-    echo(f"[quickstart] expert through {cfg.harness}: kept {counts['expert_kept']}/{counts['expert_episodes']} episodes "
-         f"({counts['expert_infra_failures']} infra failures) [{times['expert_s']:.0f} s]")
+    echo(f"[quickstart] expert through {cfg.harness}: kept {counts.kept}/{counts.episodes} episodes "
+         f"({counts.infra_failures} infra failures) [{times['expert_s']:.0f} s]")
     t0 = time.perf_counter()
     sft_summary = sft.train(sft_args, policy=policy, episodes=episodes)
     times["sft_s"] = time.perf_counter() - t0
-    echo(f"[quickstart] SFT: {cfg.sft_steps} steps, last token NLL {sft_summary['last'].get('token_nll', float('nan')):.3f} "
+    nll = sft_summary.last.get("token_nll")
+    nll = nll if isinstance(nll, float) else float("nan")
+    echo(f"[quickstart] SFT: {cfg.sft_steps} steps, last token NLL {nll:.3f} "
          f"[{times['sft_s']:.0f} s]")
     report["eval"]["after_sft"] = evaluate_now("after_sft")
 
     t0 = time.perf_counter()
-    rl_args = grpo.Args(out_dir=str(out / "rl"), seed=cfg.seed, steps=cfg.rl_steps, resume=False, save_every=cfg.rl_steps,
-                        suite=cfg.train_suite, harnesses={cfg.harness: 1.0}, groups_per_step=cfg.rl_groups,
-                        group_size=cfg.rl_group_size, concurrency=cfg.concurrency, temperature=cfg.temperature,
-                        max_tokens=cfg.max_tokens, policy=pcfg, learning_rate=cfg.rl_lr,
+    rl_args = grpo.Args(out_dir=str(out / "rl"), seed=cfg.seed, steps=cfg.rl_steps, resume=False,
+                        save_every=cfg.rl_steps, suite=cfg.train_suite, harnesses={cfg.harness: 1.0},
+                        groups_per_step=cfg.rl_groups, group_size=cfg.rl_group_size, concurrency=cfg.concurrency,
+                        temperature=cfg.temperature, max_tokens=cfg.max_tokens, policy=pcfg, learning_rate=cfg.rl_lr,
                         update_epochs=cfg.rl_epochs, progress=True)
     rl_summary = grpo.train(rl_args, policy=policy)
     times["rl_s"] = time.perf_counter() - t0
     echo(f"[quickstart] GRPO: {cfg.rl_steps} steps x {cfg.rl_groups} groups x {cfg.rl_group_size} rollouts, "
-         f"{rl_summary['version']} updates [{times['rl_s']:.0f} s]")
+         f"{rl_summary.version} updates [{times['rl_s']:.0f} s]")
     report["eval"]["after_rl"] = evaluate_now("after_rl")
 
     times["total_s"] = time.perf_counter() - t_start
     report["times"] = times
     ev = report["eval"]
-    report["curves"] = {"sft": sft_summary.get("curves"), "rl": rl_summary.get("curves"),
-                        "summary": str(_plot(report, Path(rl_summary["metrics"]), out) or "")}
+    report["curves"] = {"sft": sft_summary.curves, "rl": rl_summary.curves,
+                        "summary": str(_plot(report, Path(rl_summary.metrics), out) or "")}
     verdict = _verdict(ev["after_sft"], ev["after_rl"])
     report["verdict"] = verdict
     report["measures"] = WHAT_IT_MEASURES
@@ -223,6 +227,7 @@ def _verdict(sft_ev: dict[str, Any], rl_ev: dict[str, Any]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """One ``--flag`` per :class:`Config` field."""
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
         p.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=f"(default: {f.default})")
@@ -230,11 +235,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def main_args(args: argparse.Namespace) -> int:
+    """Run the quickstart from parsed arguments."""
     run(Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)}))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``clawgym quickstart`` as a standalone program."""
     parser = add_arguments(argparse.ArgumentParser(prog="clawgym quickstart", description=__doc__.splitlines()[0]))
     return main_args(parser.parse_args(argv))
 

@@ -9,16 +9,16 @@ that raises instead of returning a record (a programming or proxy error outside 
 runner's own handling) becomes an ``infra_error`` record naming its failure boundary
 (:func:`clawgym_env.runtime.failed_episode`), so one failed rollout never ends a training run; only
 task outcomes are trained or scored: records with ``is_infra_failure`` (``infra_error`` and
-``reward_invalid``) are excluded from :func:`evaluate`'s rates and counted; a harness whose pinned package is not installed is left out of
-the plan with a warning (``mini`` needs no install).
+``reward_invalid``) are excluded from :func:`evaluate`'s rates and counted; a harness whose pinned
+package is not installed is left out of the plan with a warning (``mini`` needs no install).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import importlib
 import logging
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from clawgym_env.episode import EpisodeResult
 from clawgym_env.errors import HarnessError
@@ -32,16 +32,12 @@ log = logging.getLogger(__name__)
 
 def harness_available(name: str) -> tuple[bool, str]:
     """(usable, reason): a harness with a pinned npm package must have it installed."""
-    from harness_adapters.install import is_installed
 
     key = name.replace("_", "-").lower()
     if key not in harnesses:
         return False, f"unknown harness {name!r}"
-    module = importlib.import_module(harnesses.load(key).__module__)
-    pkg = getattr(module, "PACKAGE", None)
-    if pkg is not None and not is_installed(pkg):
-        return False, f"{pkg.spec} is not installed (run `clawgym harness install {key}`)"
-    return True, ""
+    why = make_harness(key).missing()
+    return why is None, why or ""
 
 
 def harness_plan(ratios: dict[str, float], groups: int) -> dict[str, int]:

@@ -18,25 +18,25 @@ masked (see :mod:`trainers.tree_batch`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from clawgym_env.errors import PolicyError
-from trainers.checkpoint import save_checkpoint
+from trainers.checkpoint import latest_checkpoint, save_checkpoint
 from trainers.logprobs import token_logprobs
-from trainers.metrics import MetricsLogger, plot_curves
+from trainers.metrics import MetricsLogger, MetricsRow, plot_curves
 from trainers.policy import PolicyConfig, TrainablePolicy
 from trainers.rollouts import judge_for, run_jobs
-from trainers.tree_batch import EpisodePair, TrainPack, as_episode, build_pack, episodes_tree
+from trainers.summary import ExpertCounts, TrainSummary
+from trainers.tree_batch import EpisodePair, PackItem, TrainPack, as_episode, build_pack, episodes_tree
 
 
 @dataclasses.dataclass
 class Args:
+    """Every setting of an SFT run (``clawgym train --help-config sft`` lists them)."""
     out_dir: str = "runs/sft"
     """folder of the run: metrics.jsonl, checkpoints/, episodes/, config.json, summary.json"""
     seed: int = 0
@@ -81,7 +81,7 @@ class Args:
     """show a progress bar"""
 
 
-def collect_expert(args: Args, tasks: list | None = None) -> tuple[list[EpisodePair], dict[str, Any]]:
+def collect_expert(args: Args, tasks: list | None = None) -> tuple[list[EpisodePair], ExpertCounts]:
     """Run the expert through the harness on the suite; returns (kept episodes, counts)."""
     from clawgym_env.runtime import Runtime
     from tasks import load_suite
@@ -94,15 +94,14 @@ def collect_expert(args: Args, tasks: list | None = None) -> tuple[list[EpisodeP
     eps = [as_episode(r) for r in results]
     kept = [(rec, calls) for rec, calls in eps
             if not rec.is_infra_failure and rec.reward >= args.min_reward and calls]
-    counts = {"expert_episodes": len(eps), "expert_kept": len(kept),
-              "expert_infra_failures": sum(rec.is_infra_failure for rec, _ in eps),
-              "expert_reward_mean": sum(rec.reward for rec, _ in eps) / len(eps) if eps else None}
+    counts = ExpertCounts(episodes=len(eps), kept=len(kept), infra_failures=sum(rec.is_infra_failure for rec, _ in eps),
+                          reward_mean=sum(rec.reward for rec, _ in eps) / len(eps) if eps else None)
     return kept, counts
 
 
 def sft_pack(episodes: list[EpisodePair], device=None) -> TrainPack:
     """One pack over ``episodes`` (one tree), every episode weighted by ``1 / (B · N_e)`` per token."""
-    return build_pack([(episodes_tree(episodes), [1.0] * len(episodes), {"group": 0})], device=device)
+    return build_pack([PackItem(episodes_tree(episodes), [1.0] * len(episodes))], device=device)
 
 
 def sft_loss(logp: torch.Tensor, pack: TrainPack) -> torch.Tensor:
@@ -111,13 +110,14 @@ def sft_loss(logp: torch.Tensor, pack: TrainPack) -> torch.Tensor:
 
 
 def train(args: Args, *, policy: TrainablePolicy | None = None, episodes: list[EpisodePair] | None = None,
-          echo=print) -> dict[str, Any]:
-    """SFT per ``args`` (expert episodes collected unless given); returns a summary."""
+          echo=print) -> TrainSummary:
+    """SFT per ``args`` (expert episodes collected unless given); returns its summary (also written to
+    ``<out_dir>/summary.json``)."""
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    counts: dict[str, Any] = {}
+    counts: ExpertCounts | None = None
     if episodes is None:
         episodes, counts = collect_expert(args)
     if not episodes:
@@ -134,7 +134,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, episodes: list[E
     order: list[int] = []
     t_start = time.perf_counter()
     tokens = 0
-    last: dict[str, Any] = {}
+    last: MetricsRow = {}
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         if len(order) < args.batch_episodes:  # epochs: every episode once before any repeats
@@ -159,7 +159,8 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, episodes: list[E
                 tok_nll = float(-(logp[m]).mean())
             last = metrics.log(step, {"loss": float(loss.detach()), "token_nll": tok_nll, "grad_norm": grad_norm,
                                       "train_tokens": pack.num_tokens, "trainable_tokens": pack.num_trainable,
-                                      "train_tokens_per_s": pack.num_tokens / dt if dt > 0 else None, **counts})
+                                      "train_tokens_per_s": pack.num_tokens / dt if dt > 0 else None,
+                                      **(counts.as_metrics() if counts else {})})
         if bar is not None:
             bar.set_postfix_str(f"loss {float(loss.detach()):.3f}")
             bar.update(1)
@@ -169,9 +170,10 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, episodes: list[E
     save_checkpoint(out, args.steps, policy, optimizer, config=args, version=0, keep=1)
     model_dir = policy.save_pretrained(out / "model") if args.save_model else None
     curves = plot_curves(metrics.path, out) if args.plot else None
-    summary = {"algo": "sft", "out_dir": str(out), "steps": args.steps, "episodes": len(episodes), **counts,
-               "last": last, "model_dir": str(model_dir) if model_dir else None,
-               "train_s": time.perf_counter() - t_start, "train_tokens": tokens,
-               "curves": str(curves) if curves else None, "metrics": str(metrics.path)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    summary = TrainSummary(algo="sft", out_dir=str(out), steps=args.steps, metrics=str(metrics.path), last=last,
+                           checkpoint=str(ckpt) if (ckpt := latest_checkpoint(out)) else None,
+                           curves=str(curves) if curves else None, model_dir=str(model_dir) if model_dir else None,
+                           episodes=len(episodes), expert=counts, train_s=time.perf_counter() - t_start,
+                           train_tokens=tokens)
+    summary.write()
     return summary

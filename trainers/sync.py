@@ -23,14 +23,16 @@ backend checks names and shapes before copying anything).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from clawgym_env.errors import PolicyError
 
 
 @runtime_checkable
 class WeightSync(Protocol):
+    """How a trainer hands new weights to the serving policy."""
     def push(self, policy: Any, version: int) -> int:
         """Make the serving backend use ``policy``'s current weights; returns the version it now serves."""
 
@@ -57,6 +59,7 @@ class InProcessSync:
         return cls(serving, share=share)
 
     def push(self, policy, version: int) -> int:
+        """Copy ``policy``'s weights into the serving module and serve them as ``version``."""
         if version <= self.serving.version:
             raise PolicyError(f"weight sync to version {version} but version {self.serving.version} is already "
                               "served; versions must increase")
@@ -80,6 +83,7 @@ class DirectorySync:
         self.version = 0
 
     def push(self, policy, version: int) -> int:
+        """Save ``policy`` as the model directory ``v<version>`` under the root and notify the server."""
         if version <= self.version:
             raise PolicyError(f"weight sync to version {version} after {self.version}; versions must increase")
         out = policy.save_pretrained(self.root / f"v{version}")

@@ -1,10 +1,11 @@
 """``clawgym train --config FILE``: a YAML or JSON config → an algorithm's ``Args`` → its loop.
 
 A config is a mapping whose ``algo`` key names the algorithm (default ``grpo``); the algorithm is
-the module ``trainers.<algo>``, which exports an ``Args`` dataclass and ``train(args) -> summary``
-(``grpo``, ``ppo``, ``sft``; a new algorithm needs only its module). Every other key is a field of ``Args``;
-nested dataclasses (``policy:``) are nested mappings. ``--set key=value`` overrides a key after the
-file is read (dotted for nested keys, the value parsed as YAML: ``--set policy.lora_rank=8``).
+the module ``trainers.<algo>``, which exports an ``Args`` dataclass and ``train(args) ->``
+:class:`~trainers.summary.TrainSummary` (``grpo``, ``ppo``, ``sft``; a new algorithm needs only its
+module). Every other key is a field of ``Args``; nested dataclasses (``policy:``) are nested
+mappings. ``--set key=value`` overrides a key after the file is read (dotted for nested keys, the
+value parsed as YAML: ``--set policy.lora_rank=8``).
 
 Invariants: an unknown key, or a value of the wrong type, is an error naming the key (and close
 matches) before anything runs (pydantic validates the ``Args`` dataclass, see
@@ -25,6 +26,7 @@ from typing import Any
 
 from clawgym_env.errors import ClawGymError
 from trainers.config_doc import ConfigError, describe, validate
+from trainers.summary import TrainSummary
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -40,7 +42,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
             data = yaml.safe_load(text)
         else:
             data = json.loads(text)
-    except Exception as exc:  # noqa: BLE001 - any parse error is a config error with the file
+    except Exception as exc:
         raise ConfigError(f"{path}: cannot parse ({exc})") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of Args fields, got {type(data).__name__}")
@@ -95,12 +97,17 @@ def args_from_config(data: dict[str, Any]) -> tuple[Any, Any]:
     return module, validate(module.Args, data)
 
 
-def format_summary(summary: dict[str, Any], wall_s: float) -> str:
-    last = summary.get("last") or {}
-    lines = [f"== {summary.get('algo')} finished in {wall_s:.1f} s: {summary.get('out_dir')}"]
-    for key in ("steps", "version", "episodes", "expert_kept", "checkpoint", "model_dir", "metrics", "curves"):
-        if summary.get(key) is not None:
-            lines.append(f"   {key}: {summary[key]}")
+def format_summary(summary: TrainSummary, wall_s: float) -> str:
+    """The lines ``clawgym train`` prints at the end of a run."""
+    last = summary.last
+    lines = [f"== {summary.algo} finished in {wall_s:.1f} s: {summary.out_dir}"]
+    shown_fields = {"steps": summary.steps, "version": summary.version, "episodes": summary.episodes,
+                    "expert_kept": summary.expert.kept if summary.expert else None,
+                    "checkpoint": summary.checkpoint, "model_dir": summary.model_dir, "metrics": summary.metrics,
+                    "curves": summary.curves}
+    for key, value in shown_fields.items():
+        if value is not None:
+            lines.append(f"   {key}: {value}")
     shown = {k: v for k, v in last.items() if k not in ("time",) and v is not None
              and (k.endswith(("reward_mean", "pass_rate", "episodes", "infra_failures")) or
                   k in ("step", "loss", "kl_rollout", "clip_fraction", "groups_trained", "groups", "token_nll"))}
@@ -111,7 +118,7 @@ def format_summary(summary: dict[str, Any], wall_s: float) -> str:
 
 
 def run(config: str | Path | dict[str, Any], overrides: list[str] | None = None, *, resume: bool | None = None,
-        echo=print) -> dict[str, Any]:
+        echo=print) -> TrainSummary:
     """Load, check and run a config; prints and returns the summary. ``resume=False`` starts fresh
     even when ``out_dir`` holds a checkpoint (for algorithms that resume)."""
     data = load_config(config) if not isinstance(config, dict) else dict(config)
@@ -130,6 +137,7 @@ def run(config: str | Path | dict[str, Any], overrides: list[str] | None = None,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``clawgym train`` options."""
     p.add_argument("--config", help="YAML or JSON file: algo + the algorithm's Args fields")
     p.add_argument("--help-config", metavar="ALGO", nargs="?", const="grpo",
                    help="print every config field of ALGO (default grpo) with its type, default and meaning")
@@ -140,6 +148,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def main_args(args: argparse.Namespace) -> int:
+    """Run ``clawgym train`` from parsed arguments; returns the exit status."""
     if args.help_config:
         print(f"Fields of trainers.{args.help_config}.Args (set them in the config or with --set KEY=VALUE):\n")
         print(describe(algorithm(args.help_config).Args))
@@ -152,6 +161,7 @@ def main_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``clawgym train`` as a standalone program; a configuration error exits 2 with its message."""
     parser = add_arguments(argparse.ArgumentParser(prog="clawgym train", description=__doc__.splitlines()[0]))
     try:
         return main_args(parser.parse_args(argv))

@@ -1,9 +1,11 @@
-"""Episodes → group trees → packed training batches with per-(token, episode) pairs.
+"""Episodes → call trees → THE training batch of every trainer: :class:`TrainPack`, built by :func:`build_pack`.
 
-Pipeline: :func:`make_groups` buckets rollouts by ``(suite, task_id, harness)``, drops infrastructure
+GRPO: :func:`make_groups` buckets rollouts by ``(suite, task_id, harness)``, drops infrastructure
 failures (never scored 0), computes GRPO advantages and skips groups whose rewards are all equal;
 :func:`pack_groups` packs each group's :class:`~clawgym_env.capture.tree.CallTree` (shared prefixes
-once) into :class:`TrainPack` s.
+once) into :class:`TrainPack` s. SFT: :func:`episodes_tree` + :func:`build_pack` with advantage 1.
+PPO: :func:`rollout_packs` (pairs of weight 1; its per-token advantages, values and returns are
+computed per update in :mod:`trainers.ppo_targets` on top of the same pack).
 
 The unit of the loss is a **pair** ``(token t, episode e)``: a sampled token shared by several
 episodes (an identical prefix they all sampled) appears once in the pack but in one pair per
@@ -19,31 +21,37 @@ text, or the ids were re-encoded from an upstream's text) has prompt ids the pol
 produced and, for a passthrough, meaningless logprobs. A sampled token is **trainable** only when
 at least one token-exact call passes through its node; tokens that lie only on inexact calls are
 masked (counted in ``masked_inexact_tokens``) and excluded from ``N_e``. Trainable tokens also need
-a predecessor and a recorded rollout logprob.
+a predecessor and a recorded rollout logprob: :func:`trainers.packing.trainable_mask` (the one rule),
+and an episode's pairs are its *own* tokens only (:func:`trainers.advantages.episode_own_tokens`).
 
 Invariants of a :class:`TrainPack` (``T`` packed tokens, ``P`` pairs):
 
 * ``pair_token`` indexes ``trainable`` tokens only; ``pair_weight > 0``;
 * ``token_weight[t] == Σ pair_weight over the pairs of t`` (0 on untrainable tokens);
-* over all packs of one step, ``Σ pair_weight == (episodes with trainable tokens) / (G · groups)``
-  summed per group, so at most 1;
-* ``pair_episode`` indexes ``episodes`` (one dict per episode of the pack: group, harness,
-  episode_id, reward, advantage, trainable token count).
+* GRPO (``loss_norm="episode"``): over all packs of one step, ``Σ pair_weight == (episodes with
+  trainable tokens) / (G · groups)`` summed per group, so at most 1; PPO's packs (:func:`rollout_pack`)
+  have ``pair_weight == 1`` and ``pair_adv == 0`` (its weights and advantages are per token);
+* ``pair_episode`` indexes ``episodes`` (one :class:`PackEpisode` per episode of the pack: group,
+  harness, task, episode_id, reward, advantage, trainable token count);
+* ``trainable`` is :func:`trainers.packing.trainable_mask` of ``packed`` minus the tokens owned only
+  by episodes masked out (``PackItem.skip``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
 from clawgym_env.capture.records import CallRecord, EpisodeRecord
 from clawgym_env.capture.tree import CallTree
+from clawgym_env.capture.tree_meta import EpisodeSummary, TreeMeta
 from clawgym_env.errors import PolicyError
 from trainers.advantages import episode_own_tokens, group_advantages, is_constant, node_episodes
-from trainers.packing import PackedTree, inexact_token_mask, pack_trees, tree_tokens
+from trainers.packing import PackedTree, bin_by_tokens, pack_trees, scorable_mask, trainable_mask
 
 EpisodePair = tuple[EpisodeRecord, list[CallRecord]]
 
@@ -61,6 +69,7 @@ def as_episode(item: Any) -> EpisodePair:
 
 
 def group_key(record: EpisodeRecord) -> tuple[str, str, str]:
+    """The key a rollout is grouped by: ``(suite or '-', task_id, harness)``."""
     return (record.suite or "-", record.task_id, record.harness)
 
 
@@ -82,6 +91,7 @@ class Group:
 
     @property
     def harness(self) -> str:
+        """The harness of the group's episodes."""
         return self.key[2]
 
 
@@ -138,7 +148,7 @@ def make_groups(results: Iterable[Any], *, normalize_std: bool = True, overlong:
 
 
 def episodes_tree(episodes: Sequence[EpisodePair]) -> CallTree:
-    """One tree over episodes of possibly different tasks (an SFT batch), with ``meta["call_episode"]``."""
+    """One tree over episodes of possibly different tasks (an SFT batch), with ``meta.call_episode``."""
     flat: list[CallRecord] = []
     call_episode: list[int] = []
     summary = []
@@ -146,9 +156,36 @@ def episodes_tree(episodes: Sequence[EpisodePair]) -> CallTree:
         start = len(flat)
         flat.extend(calls)
         call_episode.extend([e] * len(calls))
-        summary.append({"episode_id": rec.episode_id, "task_id": rec.task_id, "harness": rec.harness,
-                        "reward": rec.reward, "status": rec.status, "calls": list(range(start, len(flat)))})
-    return CallTree.from_calls(flat, {"call_episode": call_episode, "episodes": summary})
+        summary.append(EpisodeSummary(episode_id=rec.episode_id, task_id=rec.task_id, harness=rec.harness,
+                                      reward=rec.reward, status=rec.status, calls=list(range(start, len(flat)))))
+    return CallTree.from_calls(flat, TreeMeta(call_episode=call_episode, episodes=summary))
+
+
+@dataclasses.dataclass(frozen=True)
+class PackItem:
+    """One tree of a pack with the advantage of each of its episode positions (``advantages[e]``),
+    and where it came from (copied into its :class:`PackEpisode` entries)."""
+
+    tree: CallTree
+    advantages: Sequence[float]
+    group: int = 0
+    harness: str | None = None
+    task_id: str | None = None
+    skip: frozenset[int] = frozenset()
+    """episode positions that get no pairs (GRPO ``overlong="mask"``)"""
+
+
+@dataclasses.dataclass(frozen=True)
+class PackEpisode:
+    """One episode of a pack (``TrainPack.episodes[pair_episode[p]]``)."""
+
+    group: int
+    harness: str | None
+    task_id: str | None
+    episode_id: str | None
+    reward: float | None
+    advantage: float
+    trainable_tokens: int
 
 
 @dataclasses.dataclass
@@ -162,18 +199,21 @@ class TrainPack:
     pair_episode: torch.Tensor   # [P] long, index into episodes
     pair_weight: torch.Tensor    # [P] float32
     pair_adv: torch.Tensor       # [P] float32
-    episodes: list[dict[str, Any]]
+    episodes: list[PackEpisode]
     masked_inexact_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
+        """T, the packed tokens."""
         return self.packed.num_tokens
 
     @property
     def num_trainable(self) -> int:
+        """Tokens with at least one training pair."""
         return int(self.trainable.sum())
 
-    def to(self, device) -> "TrainPack":
+    def to(self, device) -> TrainPack:
+        """A copy with every tensor on ``device``."""
         moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for k, v in moved.items():
             if isinstance(v, torch.Tensor):
@@ -182,62 +222,58 @@ class TrainPack:
         return TrainPack(**moved)
 
 
-def build_pack(items: Sequence[tuple[CallTree, Sequence[float], dict[str, Any]]], *, scale: float = 1.0,
-               device: str | torch.device | None = None, loss_norm: str = "episode",
-               norm_constant: float | None = None, mask_episodes: Sequence[set[int]] | None = None) -> TrainPack:
-    """Pack ``(tree, per-episode advantages, info)`` items into one :class:`TrainPack`.
+def build_pack(items: Sequence[PackItem], *, scale: float = 1.0, device: str | torch.device | None = None,
+               loss_norm: str = "episode", norm_constant: float | None = None) -> TrainPack:
+    """Pack ``items`` into one :class:`TrainPack`: the one builder of every trainer's batch.
 
-    ``advantages[e]`` belongs to episode position ``e`` of the tree (``meta["call_episode"]``; a
+    ``item.advantages[e]`` belongs to episode position ``e`` of the tree (``meta.call_episode``; a
     tree without it is one episode); ``G = len(advantages)``; every pair weight is multiplied by
-    ``scale`` (``1 / groups in the step``). ``info`` (e.g. ``{"group": 3, "harness": "mini"}``) is
-    copied into each episode's entry of ``TrainPack.episodes``. ``mask_episodes[i]``: episode positions of
-    item ``i`` that get no pairs. Pair weight by ``loss_norm``: ``"episode"`` ``scale/(G·N_e)``,
-    ``"constant"`` ``scale/(G·norm_constant)``, ``"token"`` 1 (:func:`pack_groups` rescales).
+    ``scale`` (``1 / groups in the step``). Episode positions in ``item.skip`` get no pairs. Pair
+    weight by ``loss_norm``: ``"episode"`` ``scale/(G·N_e)``, ``"constant"`` ``scale/(G·norm_constant)``,
+    ``"token"`` 1 (:func:`pack_groups` rescales).
     """
     if loss_norm not in LOSS_NORMS:
         raise PolicyError(f"loss_norm must be one of {LOSS_NORMS}, got {loss_norm!r}")
     if loss_norm == "constant" and not (norm_constant and norm_constant > 0):
         raise PolicyError("loss_norm='constant' needs a positive norm_constant (e.g. the max tokens per episode)")
-    packed = pack_trees([t for t, _, _ in items], device=device)
-    can_train = packed.target_mask & packed.logprob_known
-    inexact = inexact_token_mask(packed)
-    trainable = torch.zeros_like(can_train)
-    token_weight = torch.zeros(packed.num_tokens, dtype=torch.float32, device=can_train.device)
+    packed = pack_trees([it.tree for it in items], device=device)
+    rule = trainable_mask(packed)
+    masked = int(scorable_mask(packed).sum()) - int(rule.sum())  # scorable, but only on inexact calls
+    trainable = torch.zeros_like(rule)
+    token_weight = torch.zeros(packed.num_tokens, dtype=torch.float32, device=rule.device)
     p_tok: list[int] = []
     p_ep: list[int] = []
     p_w: list[float] = []
     p_adv: list[float] = []
-    episodes: list[dict[str, Any]] = []
-    masked = 0
-    for ti, (tree, advs, info) in enumerate(items):
+    episodes: list[PackEpisode] = []
+    for ti, item in enumerate(items):
+        tree, advs = item.tree, item.advantages
         members = node_episodes(tree)
         own = episode_own_tokens(tree)
         node_ok: dict[int, torch.Tensor] = {}
         counts = [0] * len(advs)
         for node in tree.nodes:  # N_e over trainable tokens only (packing.trainable_mask's rule)
-            sl = packed.node_slice(ti, node.id)
-            masked += int((can_train[sl] & inexact[sl]).sum())
-            ok = can_train[sl] & ~inexact[sl]
+            ok = rule[packed.node_slice(ti, node.id)]
             node_ok[node.id] = ok
             for e in members[node.id]:
                 if e >= len(advs):
-                    raise PolicyError(f"tree {tree.meta.get('tree_id')} has episode {e} but only {len(advs)} advantages")
+                    raise PolicyError(f"tree {tree.meta.tree_id} has episode {e} but only {len(advs)} advantages")
                 counts[e] += int((ok & _flags(own[node.id][e], ok)).sum())
         base = len(episodes)
-        ep_meta = tree.meta.get("episodes") or [{}] * len(advs)
+        summaries = tree.meta.episodes
         for e, a in enumerate(advs):
-            src = ep_meta[e] if e < len(ep_meta) else {}
-            episodes.append({**info, "episode_id": src.get("episode_id"), "reward": src.get("reward"),
-                             "advantage": float(a), "trainable_tokens": counts[e]})
+            src = summaries[e] if e < len(summaries) else EpisodeSummary()
+            episodes.append(PackEpisode(group=item.group, harness=item.harness or src.harness,
+                                        task_id=item.task_id or src.task_id, episode_id=src.episode_id,
+                                        reward=src.reward, advantage=float(a), trainable_tokens=counts[e]))
         g = len(advs)
-        skip = mask_episodes[ti] if mask_episodes is not None else set()
         for node in tree.nodes:
             ok = node_ok[node.id]
             if not bool(ok.any()):
                 continue
             start = packed.node_slice(ti, node.id).start
             for e in members[node.id]:
-                if not counts[e] or e in skip:
+                if not counts[e] or e in item.skip:
                     continue
                 idx = (torch.nonzero(ok & _flags(own[node.id][e], ok))[:, 0] + start).tolist()
                 if not idx:
@@ -246,7 +282,7 @@ def build_pack(items: Sequence[tuple[CallTree, Sequence[float], dict[str, Any]]]
                 if loss_norm == "episode":
                     w = scale / (g * counts[e])
                 elif loss_norm == "constant":
-                    w = scale / (g * norm_constant)
+                    w = scale / (g * float(norm_constant or 1.0))
                 else:
                     w = 1.0
                 token_weight[idx] += w
@@ -254,7 +290,7 @@ def build_pack(items: Sequence[tuple[CallTree, Sequence[float], dict[str, Any]]]
                 p_ep.extend([base + e] * len(idx))
                 p_w.extend([w] * len(idx))
                 p_adv.extend([float(advs[e])] * len(idx))
-    dev = can_train.device
+    dev = rule.device
     return TrainPack(packed=packed, trainable=trainable, token_weight=token_weight,
                      pair_token=torch.tensor(p_tok, dtype=torch.long, device=dev),
                      pair_episode=torch.tensor(p_ep, dtype=torch.long, device=dev),
@@ -270,35 +306,41 @@ def _flags(values: list[bool], like: torch.Tensor) -> torch.Tensor:
 def pack_groups(groups: Sequence[Group], *, max_tokens: int | None = None,
                 device: str | torch.device | None = None, loss_norm: str = "episode",
                 norm_constant: float | None = None) -> list[TrainPack]:
-    """Pack the trainable groups (``skipped is None``), several per pack up to ``max_tokens``.
+    """GRPO: pack the trainable groups (``skipped is None``), several per pack up to ``max_tokens``.
 
     A group is never split (its shared prefix is computed once); without ``max_tokens`` each group
     is its own pack. Pair weights (``loss_norm``, see :func:`build_pack`) carry ``1 / (number of
     trainable groups)``, except ``"token"``: every pair of the step weighs ``1 / (pairs in the step)``.
     """
-    live = [(i, g) for i, g in enumerate(groups) if g.skipped is None and g.tree is not None]
-    if not live:
+    items = [PackItem(g.tree, g.advantages, group=i, harness=g.harness, task_id=g.key[1], skip=frozenset(g.masked))
+             for i, g in enumerate(groups) if g.skipped is None and g.tree is not None]
+    if not items:
         return []
-    scale = 1.0 / len(live)
-    batches: list[list[tuple[int, Group]]] = []
-    size = 0
-    for i, g in live:
-        n = tree_tokens(g.tree)
-        if batches and max_tokens is not None and size + n <= max_tokens:
-            batches[-1].append((i, g))
-            size += n
-        else:
-            batches.append([(i, g)])
-            size = n
-    packs = [build_pack([(g.tree, g.advantages, {"group": i, "harness": g.harness, "task_id": g.key[1]})
-                         for i, g in batch], scale=scale, device=device, loss_norm=loss_norm,
-                        norm_constant=norm_constant, mask_episodes=[g.masked for _, g in batch]) for batch in batches]
+    scale = 1.0 / len(items)
+    packs = [build_pack([items[k] for k in b], scale=scale, device=device, loss_norm=loss_norm,
+                        norm_constant=norm_constant)
+             for b in bin_by_tokens([it.tree for it in items], max_tokens)]
     if loss_norm == "token":  # one mean over every (token, episode) pair of the step
         pairs = sum(int(p.pair_weight.numel()) for p in packs)
         for p in packs:
             p.pair_weight = torch.full_like(p.pair_weight, 1.0 / max(1, pairs))
             p.token_weight = torch.zeros_like(p.token_weight).index_add_(0, p.pair_token, p.pair_weight)
     return packs
+
+
+def rollout_pack(trees: Sequence[CallTree], device: str | torch.device | None = None) -> TrainPack:
+    """PPO: one pack of ``trees`` whose advantages come per token (:mod:`trainers.ppo_targets`): every
+    episode's own trainable tokens are pairs of weight 1 and advantage 0, so ``token_weight[t]``
+    counts the episodes that own token ``t``."""
+    return build_pack([PackItem(t, [0.0] * t.meta.episode_count(), group=i, harness=t.meta.harness,
+                                task_id=t.meta.task_id) for i, t in enumerate(trees)],
+                      device=device, loss_norm="token")
+
+
+def rollout_packs(trees: Sequence[CallTree], max_tokens: int | None = None,
+                  device: str | torch.device | None = None) -> list[TrainPack]:
+    """PPO: :func:`rollout_pack` s of at most ``max_tokens`` tree tokens each (trees never split, order kept)."""
+    return [rollout_pack([trees[k] for k in b], device) for b in bin_by_tokens(trees, max_tokens)]
 
 
 def scatter_node_values(pack: TrainPack, values: Sequence[Sequence[Sequence[float]]]) -> torch.Tensor:
@@ -317,9 +359,9 @@ def scatter_node_values(pack: TrainPack, values: Sequence[Sequence[Sequence[floa
     return torch.tensor(flat, dtype=torch.float32, device=packed.input_ids.device)
 
 
-def group_summary(groups: Sequence[Group]) -> dict[str, Any]:
+def group_summary(groups: Sequence[Group]) -> dict[str, int]:
     """Counts for metrics: groups trained/skipped and why, infra failures excluded."""
-    out: dict[str, Any] = {"groups": len(groups), "groups_trained": sum(g.skipped is None for g in groups)}
+    out: dict[str, int] = {"groups": len(groups), "groups_trained": sum(g.skipped is None for g in groups)}
     for reason in ("constant_reward", "all_infra", "no_tokens", "all_overlong"):
         out[f"groups_skipped_{reason}"] = sum(g.skipped == reason for g in groups)
     out["episodes_infra_excluded"] = sum(g.infra_excluded for g in groups)

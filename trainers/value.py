@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -53,6 +54,7 @@ class ValueHead(nn.Module):
             self.linear.bias.zero_()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Values of ``hidden`` rows ([..., hidden] → [...], float32)."""
         return self.linear(hidden.to(self.linear.weight.dtype))[..., 0]
 
 
@@ -76,7 +78,7 @@ class Critic(nn.Module):
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def on_policy(cls, policy_model, init_std: float | None = None, seed: int = 0) -> "Critic":
+    def on_policy(cls, policy_model, init_std: float | None = None, seed: int = 0) -> Critic:
         """A head on ``policy_model``'s trunk (float32 head, on the policy's device)."""
         trunk = _trunk_of(policy_model)
         device = next(trunk.parameters()).device
@@ -84,7 +86,7 @@ class Critic(nn.Module):
 
     @classmethod
     def separate(cls, source, init_std: float | None = None, seed: int = 0, dtype=None,
-                 copy_trunk: bool = True) -> "Critic":
+                 copy_trunk: bool = True) -> Critic:
         """A critic with its own trunk: ``source`` is a causal LM (its trunk is deep-copied, so the
         critic starts from the policy's weights and never shares a tensor with it; ``copy_trunk=False``
         takes the trunk of a model the caller hands over, e.g. a fresh merged copy of the policy) or a
@@ -98,7 +100,7 @@ class Critic(nn.Module):
             kw = {"dtype": dtype} if dtype is not None else {}
             try:
                 loaded = AutoModel.from_pretrained(str(path), attn_implementation="sdpa", **kw)
-            except Exception as exc:  # noqa: BLE001 - re-raised with the path
+            except Exception as exc:
                 raise PolicyError(f"could not load a value model trunk from {path}: {exc}") from exc
             trunk = _trunk_of(loaded) if not hasattr(loaded, "embed_tokens") else loaded
         else:
@@ -109,7 +111,7 @@ class Critic(nn.Module):
 
     @classmethod
     def for_policy(cls, policy, kind: str = "separate", value_model: str | None = None,
-                   init_std: float | None = None, seed: int = 0) -> "Critic":
+                   init_std: float | None = None, seed: int = 0) -> Critic:
         """The critic of a :class:`trainers.policy.TrainablePolicy`: ``shared`` puts the head on its trunk;
         ``separate`` starts from ``value_model`` (a model directory) or else from a merged, plain copy of
         the policy (LoRA deltas included) taken over as the value trunk."""
@@ -121,12 +123,14 @@ class Critic(nn.Module):
             critic = cls.separate(value_model, init_std, seed).to(policy.device)
         else:
             critic = cls.separate(policy.serving_copy(), init_std, seed, copy_trunk=False)
+        trunk: Any = critic.trunk  # a transformers model (dynamically typed)
         if policy.config.gradient_checkpointing:  # the critic's own trunk trains under the same memory plan
-            critic.trunk.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            trunk.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return critic
 
     @property
     def kind(self) -> str:
+        """``shared`` (a head on the policy's trunk) or ``separate`` (its own trunk)."""
         return "shared" if self.trunk is None else "separate"
 
     # -- evaluation -----------------------------------------------------------------------------
@@ -164,9 +168,11 @@ class ActorCritic:
         self.policy, self.critic, self.device = policy, critic, policy.device
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        """Policy and critic weights in one mapping (critic keys prefixed ``critic.``)."""
         return {**self.policy.state_dict(), **{f"critic.{k}": v for k, v in self.critic.state_dict().items()}}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load a :meth:`state_dict`; a checkpoint without critic weights is an error."""
         critic = {k[len("critic."):]: v for k, v in state.items() if k.startswith("critic.")}
         if not critic:
             raise PolicyError("this checkpoint holds no critic (was it written by another algorithm?)")

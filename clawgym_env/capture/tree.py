@@ -17,11 +17,12 @@ Invariants of a :class:`CallTree` built here (checked by :meth:`CallTree.validat
   * a token sampled by any call at a position is ``sampled=True`` there with the logprob of the first
     call that sampled it, even where later calls received it as context; a later call that sampled
     the same token with a different logprob counts as a conflict in :meth:`CallTree.stats`.
-  * ``node.depth`` is the number of tokens on the path before the node; ``meta["prompt_lengths"][c]``
+  * ``node.depth`` is the number of tokens on the path before the node; ``meta.prompt_lengths[c]``
     is call ``c``'s prompt length, so call ``c`` sampled token ``j`` of a node on its path exactly
     when ``node.depth + j >= prompt_lengths[c]`` (which calls *own* a sampled token).
 
-This module imports neither torch nor a tokenizer.
+``meta`` is a :class:`~clawgym_env.capture.tree_meta.TreeMeta` (episodes, rewards, statuses,
+versions, harness, inexact calls, prompt lengths). This module imports neither torch nor a tokenizer.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from clawgym_env.capture.records import CallRecord, EpisodeRecord
+from clawgym_env.capture.tree_meta import EpisodeSummary, GroupInfo, TreeMeta
 from clawgym_env.errors import ClawGymError
 
 LOGPROB_TOL = 1e-6  # two samples of one token whose logprobs differ by more are a conflict
@@ -80,6 +83,7 @@ class TreeStats:
     episodes: int
 
     def as_dict(self) -> dict[str, Any]:
+        """The statistics as a JSON-ready mapping."""
         return dataclasses.asdict(self)
 
 
@@ -157,10 +161,10 @@ class _Builder:
                 if k < len(child.tokens):
                     child.split(k)
                 for j in range(max(0, n_prompt - pos), k):  # only this call's sampled tokens can change flags
-                    lp = out_logprobs[pos + j - n_prompt]
-                    if not child.sampled[j]:
+                    lp, first_lp = out_logprobs[pos + j - n_prompt], child.logprobs[j]
+                    if not child.sampled[j] or first_lp is None:  # sampled flags and logprobs go together
                         child.sampled[j], child.logprobs[j] = True, lp
-                    elif abs(child.logprobs[j] - lp) > LOGPROB_TOL:
+                    elif abs(first_lp - lp) > LOGPROB_TOL:
                         self.conflicts += 1
             child.calls.append(call)
             node, pos = child, pos + k
@@ -189,11 +193,12 @@ class CallTree:
 
     nodes: list[TreeNode]
     roots: list[int]
-    meta: dict[str, Any]
+    meta: TreeMeta
     call_leaf: dict[int, int]
 
     # ---- navigation -------------------------------------------------------------------------------
     def leaves(self) -> list[int]:
+        """Ids of the nodes without children, in id order."""
         return [n.id for n in self.nodes if not n.children]
 
     def path(self, node_id: int) -> list[int]:
@@ -223,10 +228,10 @@ class CallTree:
 
     # ---- building ---------------------------------------------------------------------------------
     @classmethod
-    def from_calls(cls, calls: list[CallRecord], meta: dict[str, Any] | None = None) -> "CallTree":
+    def from_calls(cls, calls: list[CallRecord], meta: TreeMeta | None = None) -> CallTree:
         """Build the tree of ``calls``; call ``i`` of the tree is ``calls[i]``.
 
-        ``meta`` entries override the ones derived from the calls (episode ids, policy, versions).
+        The fields set in ``meta`` override the ones derived from the calls (episode ids, policy, versions).
         """
         b = _Builder()
         seen: dict[tuple[tuple[int, ...], tuple[int, ...]], str] = {}  # sequence -> first episode id
@@ -265,15 +270,16 @@ class CallTree:
             "build": {"retries": retries, "duplicates": duplicates, "empty_calls": empty,
                       "logprob_conflicts": b.conflicts},
         }
-        derived.update(meta or {})
-        return cls(nodes, roots, derived, call_leaf)
+        if meta is not None:
+            derived.update(meta.model_dump(exclude_unset=True))
+        return cls(nodes, roots, TreeMeta.model_validate(derived), call_leaf)
 
     @classmethod
-    def from_episodes(cls, episodes: list[tuple[EpisodeRecord, list[CallRecord]]]) -> "CallTree":
+    def from_episodes(cls, episodes: list[tuple[EpisodeRecord, list[CallRecord]]]) -> CallTree:
         """One tree over a GRPO group: episodes of one (task, harness), calls numbered in episode order.
 
-        ``meta["episodes"][e]["calls"]`` lists the tree call indices of episode ``e``;
-        ``meta["call_episode"][i]`` is the episode position of call ``i``.
+        ``meta.episodes[e].calls`` lists the tree call indices of episode ``e``;
+        ``meta.call_episode[i]`` is the episode position of call ``i``.
         """
         if not episodes:
             raise ClawGymError("from_episodes needs at least one (EpisodeRecord, calls) pair")
@@ -283,36 +289,36 @@ class CallTree:
                                f"{sorted(map(str, keys))}; "
                                "build one tree per group")
         flat: list[CallRecord] = []
-        summary, call_episode = [], []
+        summary: list[EpisodeSummary] = []
+        call_episode: list[int] = []
         for e, (rec, calls) in enumerate(episodes):
             start = len(flat)
             flat.extend(calls)
             call_episode.extend([e] * len(calls))
-            summary.append({"episode_id": rec.episode_id, "reward": rec.reward, "status": rec.status,
-                            "num_calls": len(calls), "policy_version": rec.policy_version,
-                            "calls": list(range(start, len(flat)))})
+            summary.append(EpisodeSummary(episode_id=rec.episode_id, reward=rec.reward, status=rec.status,
+                                          num_calls=len(calls), policy_version=rec.policy_version,
+                                          calls=list(range(start, len(flat)))))
         first = episodes[0][0]
-        rewards = [s["reward"] for s in summary]
-        statuses = {s["status"] for s in summary}
+        rewards = [rec.reward for rec, _ in episodes]
+        statuses = {str(rec.status) for rec, _ in episodes}
         versions = sorted({rec.policy_version for rec, _ in episodes} | {c.policy_version for c in flat})
-        meta = {
-            "task_id": first.task_id, "suite": first.suite, "harness": first.harness, "policy": first.policy,
-            "episode_ids": [s["episode_id"] for s in summary],
-            "tree_id": _tree_id([s["episode_id"] for s in summary], flat),
-            "policy_version": versions[0] if len(versions) == 1 else None, "policy_versions": versions,
-            "reward": sum(rewards) / len(rewards),
-            "status": statuses.pop() if len(statuses) == 1 else "mixed",
-            "episodes": summary, "call_episode": call_episode,
-            "group": {"size": len(episodes), "key": f"{first.suite or '-'}/{first.task_id}@{first.harness}",
-                      "rewards": rewards},
-        }
+        ids = [rec.episode_id for rec, _ in episodes]
+        meta = TreeMeta(
+            task_id=first.task_id, suite=first.suite, harness=first.harness, policy=first.policy,
+            episode_ids=ids, tree_id=_tree_id(ids, flat),
+            policy_version=versions[0] if len(versions) == 1 else None, policy_versions=versions,
+            reward=sum(rewards) / len(rewards),
+            status=statuses.pop() if len(statuses) == 1 else "mixed",
+            episodes=summary, call_episode=call_episode,
+            group=GroupInfo(size=len(episodes), key=f"{first.suite or '-'}/{first.task_id}@{first.harness}",
+                            rewards=rewards))
         return cls.from_calls(flat, meta)
 
     # ---- checks and statistics --------------------------------------------------------------------
     def validate(self) -> None:
         """Raise :class:`ClawGymError` naming the first broken invariant (see the module docstring)."""
         def bad(msg: str) -> ClawGymError:
-            return ClawGymError(f"malformed call tree {self.meta.get('tree_id', '?')}: {msg}")
+            return ClawGymError(f"malformed call tree {self.meta.tree_id or '?'}: {msg}")
 
         for i, n in enumerate(self.nodes):
             if n.id != i:
@@ -338,11 +344,10 @@ class CallTree:
                 raise bad(f"call {c} does not pass through every node on the path to its leaf {leaf}")
 
     def stats(self) -> TreeStats:
-        build = self.meta.get("build", {})
-        num_calls = int(self.meta.get("num_calls", len(self.call_leaf)))
-        retries = int(build.get("retries", 0))
-        empty = int(build.get("empty_calls", 0))
-        dups = int(build.get("duplicates", 0))
+        """Size and shape of the tree (:class:`TreeStats`), with the build counts of ``meta``."""
+        build = self.meta.build
+        num_calls = self.meta.calls_in(len(self.call_leaf))
+        retries, empty, dups = build.retries, build.empty_calls, build.duplicates
         captured = sum(self.nodes[leaf].depth + len(self.nodes[leaf].tokens) for leaf in self.call_leaf.values())
         tree_tokens = sum(len(n.tokens) for n in self.nodes)
         node_depth = [0] * len(self.nodes)
@@ -358,9 +363,9 @@ class CallTree:
             max_depth_tokens=max((n.depth + len(n.tokens) for n in self.nodes), default=0),
             max_depth_nodes=max(node_depth, default=0),
             sampled_tokens=sum(sum(n.sampled) for n in self.nodes),
-            logprob_conflicts=int(build.get("logprob_conflicts", 0)),
-            token_exact_share=float(self.meta.get("token_exact_share", 1.0)),
-            episodes=len(self.meta.get("episode_ids", [])))
+            logprob_conflicts=build.logprob_conflicts,
+            token_exact_share=float(self.meta.token_exact_share),
+            episodes=len(self.meta.episode_ids))
 
 
 def _tree_id(episode_ids: list[str], calls: list[CallRecord]) -> str:

@@ -33,7 +33,7 @@ status
 reward             double or null      the episode reward (mean over a group's episodes)
 policy_version     int64 or null       the policy version when all calls share one
 num_calls          int64               calls in the tree (retries included)
-meta_json          string              the tree's whole meta dict as JSON (lossless)
+meta_json          string              the tree's whole meta (TreeMeta) as JSON (lossless)
 =================  ==================  ===========================================================
 
 Context logprobs are written as 0.0, not null, so the columns hold no nulls (mask with ``sampled``;
@@ -41,12 +41,15 @@ Context logprobs are written as 0.0, not null, so the columns hold no nulls (mas
 whose first entries are null followed by numbers, on its exact path.
 
 A call's training sequence is the concatenation of ``tokens`` (and ``sampled``/``logprobs``) along
-``parent_id`` links from the root to its leaf node. ``meta`` holds ``tree_id``, ``episode_ids``,
-``policy``, ``policy_version(s)``, ``num_calls``, ``token_exact_share``, ``inexact_calls``,
-``call_origin`` (``[episode_id, call_index]`` per tree call), ``build`` (retries, cross-episode
-duplicates, empty calls, logprob conflicts) and, for trees built from episodes, ``task_id``,
-``suite``, ``harness``, ``reward``, ``status``, ``episodes`` (per-episode reward/status/calls),
-``call_episode`` and ``group``.
+``parent_id`` links from the root to its leaf node. ``meta`` (a
+:class:`~clawgym_env.capture.tree_meta.TreeMeta`, written as a mapping of its fields) holds
+``tree_id``, ``episode_ids``, ``policy``, ``policy_version(s)``, ``num_calls``, ``token_exact_share``,
+``inexact_calls``, ``prompt_lengths`` (per tree call), ``call_origin`` (``[episode_id, call_index]``
+per tree call), ``build`` (retries, cross-episode duplicates, empty calls, logprob conflicts) and,
+for trees built from episodes, ``task_id``, ``suite``, ``harness``, ``reward``, ``status``,
+``episodes`` (per-episode reward/status/calls), ``call_episode`` and ``group``. Files written
+before ``TreeMeta`` (a plain mapping with some of
+these keys missing) still read: every field has a default.
 
 Invariant: ``read_jsonl(to_jsonl(ts)) == ts`` and ``from_records(to_records(t)) == [t]`` (also after a
 parquet or ``datasets`` round trip); readers validate every tree.
@@ -55,10 +58,12 @@ parquet or ``datasets`` round trip); readers validate every tree.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from clawgym_env.capture.tree import CallTree, TreeNode
+from clawgym_env.capture.tree_meta import TreeMeta
 from clawgym_env.errors import ClawGymError
 
 FORMAT = "clawgym.call_tree"
@@ -68,18 +73,22 @@ _NODE_KEYS = ("id", "parent", "depth", "tokens", "sampled", "logprobs", "calls",
 
 
 def tree_to_dict(tree: CallTree) -> dict[str, Any]:
-    return {"format": FORMAT, "version": VERSION, "meta": tree.meta, "roots": list(tree.roots),
+    """One tree JSONL object (layout in the module docstring)."""
+    return {"format": FORMAT, "version": VERSION, "meta": tree.meta.model_dump(mode="json"),
+            "roots": list(tree.roots),
             "call_leaf": [[c, n] for c, n in sorted(tree.call_leaf.items())],
             "nodes": [{k: getattr(n, k) for k in _NODE_KEYS} for n in tree.nodes]}
 
 
 def tree_from_dict(obj: dict[str, Any]) -> CallTree:
+    """The tree of one tree JSONL object, validated (a plain-mapping ``meta`` of an older file reads too)."""
     if obj.get("format") != FORMAT:
         raise ClawGymError(f"not a call tree (format {obj.get('format')!r}, expected {FORMAT!r})")
     if obj.get("version") != VERSION:
         raise ClawGymError(f"call tree version {obj.get('version')} is not supported (this reader: {VERSION})")
     nodes = [TreeNode(**{k: n[k] for k in _NODE_KEYS}) for n in obj["nodes"]]
-    tree = CallTree(nodes, list(obj["roots"]), obj["meta"], {int(c): int(n) for c, n in obj["call_leaf"]})
+    tree = CallTree(nodes, list(obj["roots"]), TreeMeta.model_validate(obj["meta"]),
+                    {int(c): int(n) for c, n in obj["call_leaf"]})
     tree.validate()
     return tree
 
@@ -95,6 +104,7 @@ def to_jsonl(trees: Iterable[CallTree], path: str | Path) -> Path:
 
 
 def read_jsonl(path: str | Path) -> list[CallTree]:
+    """Every tree of a tree JSONL file, validated; a bad line is an error naming its line number."""
     out = []
     with Path(path).open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -102,20 +112,20 @@ def read_jsonl(path: str | Path) -> list[CallTree]:
                 continue
             try:
                 out.append(tree_from_dict(json.loads(line)))
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
                 raise ClawGymError(f"{path}:{lineno}: not a call tree line ({exc})") from exc
     return out
 
 
 def to_records(tree: CallTree) -> list[dict[str, Any]]:
     """One flat row per node (columns in the module docstring)."""
-    tid = str(tree.meta.get("tree_id") or "tree")
+    tid = str(tree.meta.tree_id or "tree")
     leaf_of: dict[int, list[int]] = {}
     for c, n in sorted(tree.call_leaf.items()):
         leaf_of.setdefault(n, []).append(c)
-    common = {k: tree.meta.get(k) for k in META_COLUMNS}
-    common["num_calls"] = int(tree.meta.get("num_calls", len(tree.call_leaf)))
-    meta_json = json.dumps(tree.meta, separators=(",", ":"))
+    common = {k: getattr(tree.meta, k) for k in META_COLUMNS}
+    common["num_calls"] = tree.meta.calls_in(len(tree.call_leaf))
+    meta_json = tree.meta.model_dump_json()
     return [{"tree_id": tid, "node_id": n.id, "parent_id": n.parent, "depth": n.depth, "tokens": n.tokens,
              "sampled": n.sampled, "logprobs": [lp if s else 0.0 for s, lp in zip(n.sampled, n.logprobs)],
              "calls": n.calls, "children": n.children,
@@ -138,10 +148,10 @@ def from_records(rows: Iterable[dict[str, Any]]) -> list[CallTree]:
                                   [float(lp) if s else None for s, lp in zip(r["sampled"], r["logprobs"])],
                                   [int(c) for c in r["calls"]], [int(c) for c in r["children"]], int(r["depth"])))
             call_leaf.update({int(c): int(r["node_id"]) for c in r["leaf_of"]})
-        tree = CallTree(nodes, [int(x) for x in rs[0]["roots"]], json.loads(rs[0]["meta_json"]),
-                        dict(sorted(call_leaf.items())))
-        if tree.meta.get("tree_id", tid) != tid:
-            raise ClawGymError(f"rows of tree {tid} carry meta for tree {tree.meta.get('tree_id')}")
+        meta = TreeMeta.model_validate_json(rs[0]["meta_json"])
+        tree = CallTree(nodes, [int(x) for x in rs[0]["roots"]], meta, dict(sorted(call_leaf.items())))
+        if (tree.meta.tree_id or tid) != tid:
+            raise ClawGymError(f"rows of tree {tid} carry meta for tree {tree.meta.tree_id}")
         tree.validate()
         out.append(tree)
     return out
@@ -191,5 +201,6 @@ def write_parquet(trees: Iterable[CallTree], path: str | Path) -> Path:
 
 
 def read_parquet(path: str | Path) -> list[CallTree]:
+    """Trees from a node-record parquet file (:func:`write_parquet`)."""
     _, pq = _pyarrow()
     return from_records(pq.read_table(path).to_pylist())

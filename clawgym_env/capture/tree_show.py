@@ -83,8 +83,8 @@ def render_text(tree: CallTree, tokenizer=None, width: int = 100) -> str:
     """An outline, one line per node: id, token count, sampled count, calls through it, the segment."""
     st = tree.stats()
     m = tree.meta
-    head = (f"call tree {m.get('tree_id', '?')}  task={m.get('task_id') or '-'} harness={m.get('harness') or '-'} "
-            f"reward={m.get('reward')} status={m.get('status') or '-'}\n"
+    head = (f"call tree {m.tree_id or '?'}  task={m.task_id or '-'} harness={m.harness or '-'} "
+            f"reward={m.reward} status={m.status or '-'}\n"
             f"calls={st.num_calls} (unique {st.unique_calls}, retries {st.retries}, duplicates {st.duplicates}) "
             f"nodes={st.nodes} roots={st.roots} branches={st.branches} leaves={st.leaves} "
             f"tokens {st.captured_tokens} captured → {st.tree_tokens} in tree (×{st.compression_ratio:.2f}) "
@@ -167,7 +167,7 @@ def render_html(tree: CallTree, path: str | Path, tokenizer=None, edge: int = ED
     text_head = render_text(tree, None, width=0).splitlines()[:2]
     body = "".join(_chain_html(tree, r, tokenizer, edge) for r in tree.roots)
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>call tree "
-            f"{html.escape(str(tree.meta.get('tree_id', '')))}</title><style>{_CSS}</style></head><body>"
+            f"{html.escape(str(tree.meta.tree_id or ''))}</title><style>{_CSS}</style></head><body>"
             + "".join(f"<p class='hdr'>{html.escape(line)}</p>" for line in text_head)
             + "<p class='hdr'><span class='s'>sampled</span> <span class='c'>context</span></p>"
             + body + "</body></html>")
@@ -251,7 +251,7 @@ def render_png(tree: CallTree, path: str | Path, dpi: int = 110) -> Path:
     ax.axis("off")
     st = tree.stats()
     m = tree.meta
-    name = " · ".join(str(v) for v in (m.get("task_id") or m.get("tree_id"), m.get("harness")) if v)
+    name = " · ".join(str(v) for v in (m.task_id or m.tree_id, m.harness) if v)
     ax.set_title(f"{name}   {st.num_calls} calls, {st.nodes} nodes, {st.branches} branch points · "
                  f"{st.captured_tokens} → {st.tree_tokens} tokens (×{st.compression_ratio:.2f})", fontsize=9)
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=matplotlib.colors.Normalize(0.0, 1.0))
