@@ -337,14 +337,15 @@ def test_one_ppo_step_changes_parameters_and_lowers_its_loss(model, tokenizer, t
 def test_value_pretraining_lowers_value_loss_and_freezes_policy(model, tokenizer, trees, kind):
     vl = len(tokenizer)
     m = copy.deepcopy(model)
-    args = Args(update_epochs=6, minibatches=2, vf_clip=0.0)
+    args = Args(update_epochs=10, minibatches=2, vf_clip=0.0)
     critic = Critic.on_policy(m, init_std=0.1) if kind == "shared" else Critic.separate(m, init_std=0.1)
     targets = prepare(m, critic, [rollout_pack(trees[:1]), rollout_pack(trees[1:])], args, vocab_limit=vl)
     policy_before = _snapshot(m)
     critic_before = _snapshot(critic)
     v_before = _eval_loss(m, critic, targets, args, vl, value_only=True)
-    np.random.seed(0)  # the minibatch order: some orders leave the separate critic above half its loss
-    stats = update(m, critic, targets, args, _optimizer(m, critic, 1e-3, 3e-3), pretrain=True, vocab_limit=vl)
+    order = random.Random(0)  # a fixed minibatch order: the test does not depend on the global RNG
+    stats = update(m, critic, targets, args, _optimizer(m, critic, 1e-3, 3e-3), pretrain=True, vocab_limit=vl,
+                   rng=order)
     v_after = _eval_loss(m, critic, targets, args, vl, value_only=True)
     assert v_after < 0.5 * v_before, (v_before, v_after)
     assert "pg_loss" not in stats and "grad_norm" not in stats
