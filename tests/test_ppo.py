@@ -12,7 +12,6 @@ import copy
 import random
 from collections import defaultdict
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
