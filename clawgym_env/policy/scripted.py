@@ -34,6 +34,7 @@ from typing import Any
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
 from clawgym_env.policy.chat_format import assistant_text
+from clawgym_env.task import Task
 
 NOOP_ANSWER = "I am done."
 PATH_ARGS = ("path", "file_path", "absolute_path", "filePath", "filename", "file")
@@ -247,7 +248,7 @@ class ScriptedPolicy(PolicyBackend):
             self._tokenizer = load_tokenizer()
         return self._tokenizer
 
-    def steps_for(self, task: Any) -> tuple[list[dict[str, Any]] | None, str]:
+    def steps_for(self, task: Task | None) -> tuple[list[dict[str, Any]] | None, str]:
         """The script for ``task`` and, when there is none, the reason (for the fallback answer)."""
         if self.mode == "noop":
             return [{"final": NOOP_ANSWER}], ""
@@ -256,8 +257,7 @@ class ScriptedPolicy(PolicyBackend):
         key = "steps" if self.mode == "expert" else "wrong"
         if task is None:
             return None, f"No task was given, so no {self.mode} script is available; stopping without acting."
-        path = getattr(task, "expert_path", None)
-        task_id = getattr(task, "full_id", getattr(task, "id", "?"))
+        path, task_id = task.expert_path, task.full_id
         if path is None:
             return None, f"No expert is available for task {task_id} (it ships no expert.json); stopping."
         steps = load_script(path, key)
@@ -270,7 +270,7 @@ class ScriptedPolicy(PolicyBackend):
         steps, reason = self.steps_for(ctx.task)
         if steps is None:
             return assistant_text(reason, reasoning=self._reasoning("I cannot act.", prompt_ids))
-        mount_dir = getattr(ctx.task, "mount_dir", None) or "/"
+        mount_dir = ctx.task.mount_dir if ctx.task is not None else "/"
         specs = resolve_tools(ctx.tools)
         calls = [c for c in (plan_call(s, specs, mount_dir) for s in steps[:-1]) if c is not None]
         turn = sum(1 for m in ctx.messages if m.get("role") == "assistant")
