@@ -188,7 +188,8 @@ policies = Registry("policy", "clawgym.policies", builtins={"scripted": "clawgym
                                         "transformers": "clawgym_env.policy.factories:transformers",
                                         "tiny": "clawgym_env.policy.factories:tiny",
                                         "passthrough": "clawgym_env.policy.factories:passthrough",
-                                        "vllm": "clawgym_env.policy.factories:vllm"})
+                                        "vllm": "clawgym_env.policy.factories:vllm",
+                                        "remote": "clawgym_env.policy.remote:from_spec"})
 """Policy factories by spec scheme: ``SCHEME[:REST]`` calls factory ``(REST, **kwargs) -> PolicyBackend``."""
 
 algorithms = Registry("algorithm", "clawgym.algorithms")

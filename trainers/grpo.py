@@ -50,7 +50,7 @@ from trainers.evaluation import eval_harnesses, evaluate_harnesses
 from trainers.logprobs import token_logprobs
 from trainers.metrics import MetricsLogger, MetricsRow, MetricValue, plot_curves, rollout_metrics
 from trainers.policy import PolicyConfig, TrainablePolicy
-from trainers.rollouts import harness_plan, judge_for, run_jobs
+from trainers.rollouts import RolloutConfig, harness_plan, judge_for, rollout_fleet, run_jobs
 from trainers.summary import TrainSummary
 from trainers.sync import InProcessSync
 from trainers.tree_batch import LOSS_NORMS, OVERLONG_MODES, TrainPack, group_summary, make_groups, pack_groups
@@ -85,7 +85,9 @@ class Args:
     sandbox: str = "bwrap"
     """sandbox backend of every episode: ``bwrap`` or ``docker``"""
     concurrency: int = 4
-    """episodes run at once (one sandbox each)"""
+    """episodes run at once (one sandbox each) on threads (the ``threads`` rollout backend, and evaluation)"""
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """where the rollouts run: this process's threads or a Ray cluster (see the ``rollout.*`` fields)"""
     temperature: float = 1.0
     """sampling temperature of the rollouts; the trainer scores tokens at the same temperature"""
     top_p: float = 1.0
@@ -344,14 +346,16 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
 
         bar = tqdm(total=args.steps, initial=start - 1, desc="grpo", unit="step")
     last: MetricsRow = {}
-    with Runtime(sync.serving, sandbox=args.sandbox, out_dir=out / "episodes",
-                 judge=judge_for(tasks + eval_tasks)) as rt:
+    judge = judge_for(tasks + eval_tasks)
+    with Runtime(sync.serving, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge) as rt, \
+            rollout_fleet(args.rollout, sync.serving, sandbox=args.sandbox, out_dir=out / "episodes",
+                          judge=judge) as fleet:
         for step in range(start, args.steps + 1):
             t0 = time.perf_counter()
             results, groups, refill = collect_groups(
                 args, tasks, step, lambda jobs, v=version: run_jobs(rt, jobs, group_size=args.group_size,
                                                                      sampling=sampling, policy_version=v,
-                                                                     concurrency=args.concurrency))
+                                                                     concurrency=args.concurrency, fleet=fleet))
             rollout_s = time.perf_counter() - t0
             row = rollout_metrics(results, args.pass_threshold)
             row["rollout_s"] = rollout_s

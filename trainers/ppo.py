@@ -60,6 +60,7 @@ from clawgym_env.errors import PolicyError
 from trainers.metrics import MetricsRow
 from trainers.policy import PolicyConfig, TrainablePolicy
 from trainers.ppo_targets import PackTargets, add_reference, forward_pack, gae_targets, loss_weights, prepare  # noqa: F401
+from trainers.rollouts import RolloutConfig
 from trainers.summary import TrainSummary
 from trainers.tree_batch import rollout_packs
 from trainers.value import ActorCritic, Critic
@@ -94,7 +95,9 @@ class Args:
     sandbox: str = "bwrap"
     """sandbox backend of every episode: ``bwrap`` or ``docker``"""
     concurrency: int = 4
-    """episodes run at once (one sandbox each)"""
+    """episodes run at once (one sandbox each) on threads (the ``threads`` rollout backend, and evaluation)"""
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """where the rollouts run: this process's threads or a Ray cluster (see the ``rollout.*`` fields)"""
     temperature: float = 1.0
     """sampling temperature of the rollouts; the trainer scores tokens at the same temperature"""
     top_p: float = 1.0
@@ -313,7 +316,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
     from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from trainers.evaluation import eval_harnesses, evaluate_harnesses
     from trainers.metrics import MetricsLogger, plot_curves, rollout_metrics
-    from trainers.rollouts import judge_for, run_jobs
+    from trainers.rollouts import judge_for, rollout_fleet, run_jobs
     from trainers.sync import InProcessSync
 
     out = Path(args.out_dir)
@@ -341,12 +344,14 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
     metrics = MetricsLogger(out, start_step=start)
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
     last: MetricsRow = {}
-    with Runtime(sync.serving, sandbox=args.sandbox, out_dir=out / "episodes",
-                 judge=judge_for(tasks + eval_tasks)) as rt:
+    judge = judge_for(tasks + eval_tasks)
+    with Runtime(sync.serving, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge) as rt, \
+            rollout_fleet(args.rollout, sync.serving, sandbox=args.sandbox, out_dir=out / "episodes",
+                          judge=judge) as fleet:
         for step in range(start, args.steps + 1):
             t0 = time.perf_counter()
             results = run_jobs(rt, draw_jobs(args, tasks, step), group_size=args.samples_per_task,
-                               sampling=sampling, policy_version=version, concurrency=args.concurrency)
+                               sampling=sampling, policy_version=version, concurrency=args.concurrency, fleet=fleet)
             row = {**rollout_metrics(results, args.pass_threshold), "rollout_s": time.perf_counter() - t0}
             trees = episode_trees(results)
             packs = rollout_packs(trees, args.max_pack_tokens, device=policy.device)

@@ -23,6 +23,8 @@ POLICY_SPECS = (
     "tiny  (a tiny random-init Qwen3 built in-process, for demos and tests)",
     "passthrough:openai:MODEL | passthrough:anthropic:MODEL  (forward to an upstream API; text-level capture)",
     "vllm:URL or a bare http(s):// URL  (a running vLLM server); vllm:MODEL_DIR  (launch one from its venv)",
+    "remote:http://HOST:PORT  (a policy served by clawgym_env.policy.remote.serve_policy, e.g. a trainer's; "
+    "token in CLAWGYM_REMOTE_POLICY_TOKEN)",
 )
 
 

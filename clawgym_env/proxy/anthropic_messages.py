@@ -30,7 +30,9 @@ Requests are validated by :mod:`~clawgym_env.proxy.requests_anthropic`'s models;
 Response: a ``thinking`` block (if the model reasoned; signature = a hash of its text), one
 ``text`` block (present unless the turn is only tool calls), ``tool_use`` blocks (``toolu_`` ids).
 Streaming emits the same blocks token by token (see :func:`stream_response`). ``count_tokens`` is
-a side call: it renders the prompt with the real template and is not recorded.
+a side call: it renders the prompt with the real template and is not recorded. Keep-alives
+(:func:`keepalive`) are the API's ``ping`` events; an in-stream error is ``event: error`` with the
+error envelope, which the SDKs raise.
 """
 
 from __future__ import annotations
@@ -283,6 +285,30 @@ def stream_response(res: TurnResult, model: str) -> Iterator[str]:
     yield sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
                                 "usage": _usage(res)})
     yield sse("message_stop", {"type": "message_stop"})
+
+
+class MessagesKeepAlive:
+    """Keep-alive stream of one Messages request (see :mod:`~clawgym_env.proxy.keepalive`)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def tick(self) -> str:
+        """The API's own ``ping`` event."""
+        return sse("ping", {"type": "ping"})
+
+    def answer(self, res: TurnResult) -> Iterator[str]:
+        """The events :func:`stream_response` sends."""
+        return stream_response(res, self.model)
+
+    def error(self, status: int, message: str, field: str | None, code: str | None) -> str:
+        """``event: error`` with :func:`error_body`."""
+        return sse("error", error_body(status, message, field, code))
+
+
+def keepalive(req: TurnRequest, body: Any, model: str) -> MessagesKeepAlive:
+    """The keep-alive stream of a streaming Messages request."""
+    return MessagesKeepAlive(model)
 
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

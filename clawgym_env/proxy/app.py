@@ -25,6 +25,7 @@ from clawgym_env.errors import PolicyError, ProxyError
 from clawgym_env.policy.base import PolicyBackend
 from clawgym_env.proxy import openai_chat
 from clawgym_env.proxy.dialects import DIALECTS, DialectModule, DialectName, DialectSpec
+from clawgym_env.proxy.keepalive import Failure, first_wait, keepalive_body
 from clawgym_env.proxy.limits import ClientGone, check_prompt_size, parse_json, read_body
 from clawgym_env.proxy.listeners import EPISODE_STATE_KEY
 from clawgym_env.proxy.sessions import EpisodeSession, Limits, SessionRegistry, TurnMeta, redact_headers, run_turn
@@ -59,6 +60,9 @@ class ProxyHost(Protocol):
     def max_json_depth(self) -> int: ...  # noqa: D102 - a field of the host
 
     @property
+    def keepalive_s(self) -> float: ...  # noqa: D102 - a field of the host
+
+    @property
     def _executor(self) -> Executor | None: ...
 
 log = logging.getLogger("clawgym.proxy")
@@ -73,6 +77,23 @@ SIDE_ROUTES: list[tuple[str, DialectSpec, str]] = [(r.path, d, r.function) for d
 def _error(dialect: DialectModule, status: int, message: str, field: str | None = None,
            code: str | None = None) -> JSONResponse:
     return JSONResponse(dialect.error_body(status, redact(message), field, code), status_code=status)
+
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _classify(exc: BaseException, path: str) -> Failure:
+    """(status, message, field, code) of a failed request, as every error answer (and in-stream error) says it."""
+    if isinstance(exc, ProxyError):
+        return exc.status, str(exc), exc.field, exc.code
+    if isinstance(exc, PolicyError):
+        log.warning("policy failure: %s", redact(str(exc)), exc_info=exc.__cause__)
+        return 502, f"the policy failed to generate: {exc}", None, "policy_error"
+    if isinstance(exc, ClientGone):
+        log.info("client disconnected mid-body on %s", path)
+        return 400, "the client disconnected before the body was complete", "body", "client_disconnected"
+    log.error("internal proxy error", exc_info=exc)
+    return 500, f"internal proxy error ({type(exc).__name__}); see the proxy log", None, "internal_error"
 
 
 class ProxyApp:
@@ -164,19 +185,8 @@ class ProxyApp:
     async def _guard(self, dialect: DialectModule, fn: Callable, request: Request, *args: Any) -> Response:
         try:
             return await fn(request, *args)
-        except ProxyError as exc:
-            status, message, field, code = exc.status, str(exc), exc.field, exc.code
-        except PolicyError as exc:
-            log.warning("policy failure: %s", redact(str(exc)), exc_info=exc.__cause__)
-            status, message, field, code = 502, f"the policy failed to generate: {exc}", None, "policy_error"
-        except ClientGone:
-            log.info("client disconnected mid-body on %s", request.url.path)
-            status, message, field, code = 400, "the client disconnected before the body was complete", "body", \
-                "client_disconnected"
-        except Exception as exc:  # noqa: BLE001 - the one place a bug becomes a JSON 500
-            log.error("internal proxy error", exc_info=exc)
-            status, message, field, code = (500, f"internal proxy error ({type(exc).__name__}); see the proxy log",
-                                            None, "internal_error")
+        except Exception as exc:  # noqa: BLE001 - classified below; a bug becomes a JSON 500
+            status, message, field, code = _classify(exc, request.url.path)
         self._note_failure(request, status, code, message)
         return _error(dialect, status, message, field, code)
 
@@ -206,8 +216,23 @@ class ProxyApp:
                                        self.server.limits)
         except RuntimeError as exc:  # executor shut down under us
             raise ProxyError("the proxy is shutting down", status=503, code="unavailable") from exc
-        result = await fut
         model = self.server.model_name
+        if treq.stream and not await first_wait(fut, self.server.keepalive_s):
+            # the turn outlived keepalive_s: 200, keep-alives, then the answer or an in-stream error
+            stream = dialect.keepalive(treq, body, model)
+            path = request.url.path
+
+            def classify(exc: BaseException) -> Failure:
+                status, message, field, code = _classify(exc, path)
+                return status, redact(message), field, code
+
+            def note(failure: Failure) -> None:
+                status, message, _, code = failure
+                self._note_failure(request, status, code, message)
+
+            waiting = keepalive_body(fut, self.server.keepalive_s, stream, classify, note)
+            return StreamingResponse(waiting, media_type="text/event-stream", headers=_SSE_HEADERS)
+        result = await fut
         if not treq.stream:
             return JSONResponse(dialect.render_response(result, model))
         chunks = list(dialect.stream_response(result, model))
@@ -216,8 +241,7 @@ class ProxyApp:
             for c in chunks:
                 yield c
 
-        return StreamingResponse(body_iter(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(body_iter(), media_type="text/event-stream", headers=_SSE_HEADERS)
 
     async def _read_json(self, request: Request) -> Any:
         ctype = request.headers.get("content-type")

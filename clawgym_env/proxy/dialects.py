@@ -22,6 +22,7 @@ from clawgym_env.capture.records import Dialect
 from clawgym_env.plugins import dialects as dialect_registry
 
 if TYPE_CHECKING:
+    from clawgym_env.proxy.keepalive import KeepAliveStream
     from clawgym_env.proxy.sessions import TurnRequest, TurnResult
 
 DialectName = Dialect
@@ -46,6 +47,10 @@ class DialectModule(Protocol):
     def error_body(self, status: int, message: str, field: str | None = None,
                    code: str | None = None) -> dict[str, Any]:
         """The dialect's own error envelope."""
+        ...
+
+    def keepalive(self, req: TurnRequest, body: Any, model: str) -> KeepAliveStream:
+        """The keep-alive stream of one streaming request (see :mod:`clawgym_env.proxy.keepalive`)."""
         ...
 
 

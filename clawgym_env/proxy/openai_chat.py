@@ -12,6 +12,8 @@ Invariants:
   * The non-streamed message and the concatenation of the streamed deltas are the same message
     (both come from one :class:`~clawgym_env.proxy.streaming.Segmentation` of the recorded ids).
   * ``usage`` counts are the lengths of the recorded prompt and output ids.
+  * Keep-alives (:func:`keepalive`) are SSE comment lines, which the SDKs drop; an in-stream error is a
+    ``data:`` line holding the error envelope, which the OpenAI SDKs raise as an ``APIError``.
 """
 
 from __future__ import annotations
@@ -147,6 +149,30 @@ def stream_response(res: TurnResult, model: str) -> Iterator[str]:
     if res.request.include_usage:
         yield "data: " + json.dumps({**head, "choices": [], "usage": _usage(res)}, ensure_ascii=False) + "\n\n"
     yield "data: [DONE]\n\n"
+
+
+class ChatKeepAlive:
+    """Keep-alive stream of one chat request (see :mod:`~clawgym_env.proxy.keepalive`)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def tick(self) -> str:
+        """An SSE comment: bytes that reset a read timeout, and no event for the client."""
+        return ": keep-alive\n\n"
+
+    def answer(self, res: TurnResult) -> Iterator[str]:
+        """The chunks :func:`stream_response` sends."""
+        return stream_response(res, self.model)
+
+    def error(self, status: int, message: str, field: str | None, code: str | None) -> str:
+        """The error envelope as one data line (no ``[DONE]`` follows)."""
+        return "data: " + json.dumps(error_body(status, message, field, code), ensure_ascii=False) + "\n\n"
+
+
+def keepalive(req: TurnRequest, body: Any, model: str) -> ChatKeepAlive:
+    """The keep-alive stream of a streaming chat request."""
+    return ChatKeepAlive(model)
 
 
 def error_body(status: int, message: str, field: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -26,7 +26,9 @@ Requests are validated by :mod:`~clawgym_env.proxy.requests_responses`'s models;
 Response: ``output`` = a ``reasoning`` item (if the model reasoned: the whole reasoning as one
 summary part, plus an opaque, reversible ``encrypted_content`` when ``include`` asks for it), a
 ``message`` item (present unless the turn is only tool calls), ``function_call`` items (``fc_`` id,
-``call_`` call id). A turn cut by the token limit is ``status: "incomplete"``.
+``call_`` call id). A turn cut by the token limit is ``status: "incomplete"``. Keep-alives
+(:func:`keepalive`) are the response's own lifecycle events (``response.created``, then repeated
+``response.in_progress``); an in-stream error is ``response.failed`` followed by ``error``.
 """
 
 from __future__ import annotations
@@ -172,26 +174,32 @@ def _public(item: dict[str, Any]) -> dict[str, Any]:
 
 def _response(res: TurnResult, model: str, rid: str, created: int, output: list[dict[str, Any]] | None,
               ) -> dict[str, Any]:
-    body, done = res.record.request, output is not None
+    done = output is not None
     status = "in_progress" if not done else "incomplete" if res.finish_reason == "length" else "completed"
     usage = {"input_tokens": res.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
              "output_tokens": res.completion_tokens,
              "output_tokens_details": {"reasoning_tokens": reasoning_tokens(res)},
              "total_tokens": res.prompt_tokens + res.completion_tokens}
+    return _envelope(res.record.request, res.request.model or model, res.record.sampling, rid, created, status,
+                     usage if done else None, output)
+
+
+def _envelope(body: dict[str, Any], model: str, sampling: dict[str, Any], rid: str, created: int, status: str,
+              usage: dict[str, Any] | None, output: list[dict[str, Any]] | None) -> dict[str, Any]:
     asked = body.get("reasoning")
     reasoning: dict[str, Any] = asked if isinstance(asked, dict) else {}
     return {"id": rid, "object": "response", "created_at": created, "status": status, "background": False,
             "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
-            "model": res.request.model or model, "output": output or [],
+            "model": model, "output": output or [],
             "parallel_tool_calls": body.get("parallel_tool_calls", True), "previous_response_id": None,
             "prompt_cache_key": body.get("prompt_cache_key"),
             "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
-            "store": body.get("store", True), "temperature": res.record.sampling.get("temperature"),
+            "store": body.get("store", True), "temperature": sampling.get("temperature"),
             "text": {"format": {"type": "text"}}, "tool_choice": body.get("tool_choice", "auto"),
-            "tools": body.get("tools") or [], "top_p": res.record.sampling.get("top_p"), "truncation": "disabled",
-            "usage": usage if done else None, "metadata": body.get("metadata") or {}}
+            "tools": body.get("tools") or [], "top_p": sampling.get("top_p"), "truncation": "disabled",
+            "usage": usage, "metadata": body.get("metadata") or {}}
 
 
 def render_response(res: TurnResult, model: str) -> dict[str, Any]:
@@ -237,18 +245,64 @@ def stream_response(res: TurnResult, model: str) -> Iterator[str]:
     """SSE events: response.created, response.in_progress, per output item its added / part / delta /
     done events, then response.completed (response.incomplete when cut by the token limit).
     ``sequence_number`` counts every event from 0."""
-    rid, created = new_id("resp_"), int(time.time())
+    return _stream(res, model, new_id("resp_"), int(time.time()), opened=False, first_seq=0)
+
+
+def _stream(res: TurnResult, model: str, rid: str, created: int, *, opened: bool, first_seq: int) -> Iterator[str]:
+    """The events of :func:`stream_response`; ``opened``: created/in_progress were sent already."""
     items = _items(res)
-    head = _response(res, model, rid, created, None)
     final = _response(res, model, rid, created, [_public(i) for i in items])
-    events: list[dict[str, Any]] = [{"type": "response.created", "response": head},
-                                    {"type": "response.in_progress", "response": head}]
+    events: list[dict[str, Any]] = []
+    if not opened:
+        head = _response(res, model, rid, created, None)
+        events += [{"type": "response.created", "response": head}, {"type": "response.in_progress", "response": head}]
     for k, item in enumerate(items):
         events.extend(_item_events(k, item))
     end = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
     events.append({"type": end, "response": final})
-    for seq, event in enumerate(events):
+    for seq, event in enumerate(events, first_seq):
         yield sse(event["type"], {**event, "sequence_number": seq})
+
+
+class ResponsesKeepAlive:
+    """Keep-alive stream of one Responses request (see :mod:`~clawgym_env.proxy.keepalive`): the first tick
+    opens the response (``response.created``, ``response.in_progress``), later ticks repeat
+    ``response.in_progress``; the answer and an error continue the same response id and sequence numbers."""
+
+    def __init__(self, req: TurnRequest, body: dict[str, Any], model: str) -> None:
+        self.model, self.body = model, body
+        self.rid, self.created, self.seq = new_id("resp_"), int(time.time()), 0
+        sampling = {"temperature": req.temperature, "top_p": req.top_p}
+        self.head = _envelope(body, req.model or model, sampling, self.rid, self.created, "in_progress", None, None)
+
+    def _event(self, event: dict[str, Any]) -> str:
+        text = sse(event["type"], {**event, "sequence_number": self.seq})
+        self.seq += 1
+        return text
+
+    def tick(self) -> str:
+        """``response.created`` + ``response.in_progress`` the first time, ``response.in_progress`` after."""
+        opening = self._event({"type": "response.created", "response": self.head}) if self.seq == 0 else ""
+        return opening + self._event({"type": "response.in_progress", "response": self.head})
+
+    def answer(self, res: TurnResult) -> Iterator[str]:
+        """The item events and ``response.completed`` (or ``.incomplete``) of this response."""
+        return _stream(res, self.model, self.rid, self.created, opened=self.seq > 0, first_seq=self.seq)
+
+    def error(self, status: int, message: str, field: str | None, code: str | None) -> str:
+        """``response.failed`` (the response with ``status: "failed"`` and its ``error``), then an ``error``
+        event that also carries the OpenAI error envelope (the SDKs raise it as an ``APIError``)."""
+        envelope = error_body(status, message, field, code)["error"]
+        failed = {**self.head, "status": "failed", "error": {"code": envelope["code"] or envelope["type"],
+                                                             "message": message}}
+        return (self._event({"type": "response.failed", "response": failed})
+                + self._event({"type": "error", "code": envelope["code"] or envelope["type"], "message": message,
+                               "param": field, "error": envelope}))
+
+
+def keepalive(req: TurnRequest, body: Any, model: str) -> ResponsesKeepAlive:
+    """The keep-alive stream of a streaming Responses request."""
+    return ResponsesKeepAlive(req, body if isinstance(body, dict) else {}, model)
 
 
 def error_body(status: int, message: str, field: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -12,7 +12,9 @@ stream the result.
 Invariants:
   * Streaming is emitted *after* the policy generated the whole continuation (``generate`` is
     blocking and runs in a thread pool, so the event loop keeps serving other episodes meanwhile).
-    A call is recorded once its response is ready, just before it is sent.
+    A call is recorded once its response is ready, just before it is sent. A streaming turn still
+    running after ``keepalive_s`` gets a 200 and keep-alive events meanwhile, and a failure after that
+    point is an in-stream error event (see :mod:`~clawgym_env.proxy.keepalive`).
   * Every answer is JSON in the dialect's error shape: bad input → 4xx naming the field, an unknown
     token → 404, a policy failure → 502, shutting down → 503; 500 (type ``server_error``) only for a
     genuine bug in the proxy, which is logged with its traceback.
@@ -77,7 +79,7 @@ class ProxyServer:
                  model_name: str | None = None, workers: int = 64, max_body_bytes: int = 64 << 20,
                  graceful_s: float = 5.0, log_level: str = "warning", max_prompt_chars: int = 0,
                  max_json_depth: int = DEFAULT_MAX_JSON_DEPTH, read_timeout_s: float = 60.0,
-                 idle_timeout_s: float = 60.0) -> None:
+                 idle_timeout_s: float = 60.0, keepalive_s: float = 5.0) -> None:
         self.policy = policy
         self.host = host
         self.requested_port = port
@@ -87,6 +89,7 @@ class ProxyServer:
         self.max_json_depth = max_json_depth
         self.read_timeout_s = read_timeout_s  # the longest wait for the next chunk of a request body
         self.idle_timeout_s = idle_timeout_s  # a connection with no request in progress this long is closed
+        self.keepalive_s = keepalive_s  # a streaming turn running this long gets keep-alives (0: never)
         self.model_name = model_name or policy.name
         self.workers = workers
         self.max_body_bytes = max_body_bytes

@@ -26,10 +26,11 @@ import secrets
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, TextIO
 
-from clawgym_env.capture.records import CallRecord, dump_record, read_calls
+from clawgym_env.capture.records import CallRecord, Dialect, dump_record, read_calls
 from clawgym_env.errors import PolicyError, ProxyError
 from clawgym_env.policy.base import (
     Generation,
@@ -39,8 +40,8 @@ from clawgym_env.policy.base import (
     SamplingParams,
 )
 from clawgym_env.policy.chat_format import normalize_messages
+from clawgym_env.proxy.incremental import PromptCache
 from clawgym_env.proxy.limits import CHARS_PER_TOKEN_BOUND, check_prompt_size
-from clawgym_env.proxy.splice import splice_prompt
 from clawgym_env.proxy.streaming import (
     Segmentation,
     segment,
@@ -120,13 +121,15 @@ class EpisodeSession:
         self.policy_version = policy_version
         self.calls: list[CallRecord] = []  # stays empty with calls_path (records are on disk)
         self.failures: list[CallFailure] = []
+        self.prompts = PromptCache()
+        """The last few prompts built for this episode, so a call renders only what it appended."""
         self.closed = False
         self.created_at = time.time()
         self.socket_path: Path | None = None  # this episode's own unix socket (set by the server)
         self.calls_path = Path(calls_path) if calls_path is not None else None
         self._count = 0
         self._stubs: list[_SpliceStub] = []
-        self._fh = None
+        self._fh: TextIO | None = None
         self._lock = threading.Lock()
 
     def start_capture(self) -> None:
@@ -171,6 +174,7 @@ class EpisodeSession:
 
     @property
     def num_calls(self) -> int:
+        """How many calls this episode has recorded so far."""
         with self._lock:
             return self._count
 
@@ -184,12 +188,16 @@ class EpisodeSession:
         """Close (idempotent) and return every recorded call in order."""
         with self._lock:
             self.closed = True
+            self.prompts.clear()
+            path = self.calls_path
+            if path is None:  # records kept in memory (the calls file is only ever opened at a path)
+                return list(self.calls)
             if self._fh is None:
-                return list(self.calls) if self.calls_path is None else read_calls(self.calls_path)
+                return read_calls(path)
             self._fh.close()
             self._fh = None
             self._stubs = []
-        return read_calls(self.calls_path)
+        return read_calls(path)
 
 
 _STUB_PROMPT_TAIL = 256  # the generation prompt's opener and tail are a handful of ids at the very end
@@ -197,8 +205,8 @@ _STUB_PROMPT_TAIL = 256  # the generation prompt's opener and tail are a handful
 
 def _stub(record: CallRecord) -> _SpliceStub:
     prompt = record.prompt_token_ids
-    return _SpliceStub(prompt_token_ids=list(prompt[-_STUB_PROMPT_TAIL:]), output_token_ids=list(record.output_token_ids),
-                       response_message=record.response_message)
+    return _SpliceStub(prompt_token_ids=list(prompt[-_STUB_PROMPT_TAIL:]),
+                       output_token_ids=list(record.output_token_ids), response_message=record.response_message)
 
 
 class SessionRegistry:
@@ -226,10 +234,13 @@ class SessionRegistry:
         return session
 
     def get(self, token: str) -> EpisodeSession | None:
+        """The open session with this bearer ``token``; ``None`` when unknown or closed."""
         with self._lock:
             return self._by_token.get(token)
 
     def close(self, token: str) -> list[CallRecord]:
+        """Close the session of ``token`` and return its calls; the token is then forgotten (404 for
+        ever after, no longer redacted as a secret)."""
         with self._lock:
             session = self._by_token.pop(token, None)
         if session is None:
@@ -265,7 +276,7 @@ class TurnRequest:
 class TurnMeta:
     """Where the request came from (goes into the record verbatim)."""
 
-    dialect: str
+    dialect: Dialect
     path: str
     body: dict[str, Any]
     headers: dict[str, str]
@@ -274,6 +285,8 @@ class TurnMeta:
 
 @dataclasses.dataclass
 class TurnResult:
+    """One served turn, dialect-neutral: the record plus what a dialect needs to render or stream it."""
+
     request: TurnRequest
     record: CallRecord
     pieces: list[str]  # one text piece per recorded output token
@@ -286,15 +299,20 @@ class TurnResult:
 
     @property
     def prompt_tokens(self) -> int:
+        """Prompt length in tokens (the usage a dialect reports)."""
         return len(self.record.prompt_token_ids)
 
     @property
     def completion_tokens(self) -> int:
+        """Output length in tokens, as recorded (the usage a dialect reports)."""
         return len(self.record.output_token_ids)
 
 
 @dataclasses.dataclass
 class Limits:
+    """The proxy's per-call size limits: the context in tokens, the default output budget, and the
+    prompt size in characters checked before tokenising (0: a bound derived from ``max_context``)."""
+
     max_context: int = 32768
     default_max_tokens: int = 4096
     max_prompt_chars: int = 0  # 0: CHARS_PER_TOKEN_BOUND characters per token of max_context
@@ -332,8 +350,10 @@ def run_turn(session: EpisodeSession, policy: PolicyBackend, req: TurnRequest, m
     check_prompt_size(req.messages, req.tools, limits.max_prompt_chars, limits.max_context)
     messages = normalize_messages(req.messages)
     try:
-        prompt_ids, token_exact, exact_reason = splice_prompt(tokenizer, messages, req.tools or None,
-                                                              req.enable_thinking, session.snapshot())
+        # the ids splice_prompt gives, at the cost of what this call appended to an earlier one
+        prompt = session.prompts.prompt(tokenizer, messages, req.tools or None, req.enable_thinking,
+                                        session.snapshot())
+        prompt_ids, token_exact, exact_reason = prompt.ids, prompt.token_exact, prompt.reason
     except Exception as exc:  # noqa: BLE001 - a template failure is a bad request, not a crash
         raise ProxyError(f"the chat template could not render these messages: {exc}", field="messages") from exc
     if len(prompt_ids) >= limits.max_context:
