@@ -52,6 +52,7 @@ from starlette.routing import Route
 
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
+from clawgym_env.policy.http_json import request_json
 from clawgym_env.task import Task
 
 log = logging.getLogger("clawgym.policy.remote")
@@ -291,39 +292,13 @@ class RemotePolicy(PolicyBackend):
 
     def _request(self, method: str, path: str, body: bytes | None = None) -> Any:
         """One request with retries on connection failures; any failure → :class:`PolicyError` naming the URL."""
-        import httpx
-
-        last = ""
-        headers = {"Content-Type": "application/json"} if body is not None else None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * (2 ** (attempt - 1)))
-            try:
-                resp = self._client.request(method, path, content=body, headers=headers)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                continue
-            except httpx.TimeoutException as exc:
-                raise PolicyError(f"the policy server at {self.url} did not answer {method} {path} in time "
-                                  f"({type(exc).__name__}); raise timeout_s or ask for fewer tokens") from exc
-            except httpx.HTTPError as exc:
-                raise PolicyError(f"{method} {self.url}{path} failed: {type(exc).__name__}: {exc}") from exc
-            if resp.status_code == 401:
-                raise PolicyError(f"the policy server at {self.url} refused our token (HTTP 401); set {TOKEN_ENV} "
-                                  "to the token the server was started with")
-            if resp.status_code in _RETRY_STATUS:
-                last = f"HTTP {resp.status_code}"
-                continue
-            if resp.status_code >= 400:
-                raise PolicyError(f"the policy server at {self.url} answered {method} {path} with HTTP "
-                                  f"{resp.status_code}: {_message(resp)}")
-            try:
-                return resp.json()
-            except ValueError as exc:
-                raise PolicyError(f"the policy server at {self.url} answered {method} {path} with non-JSON: "
-                                  f"{resp.text[:200]}") from exc
-        raise PolicyError(f"no policy server answers at {self.url} ({method} {path}, {self.retries + 1} tries; "
-                          f"last: {last}); is the trainer that serves it still running?")
+        return request_json(
+            self._client, method, path, service="the policy server", url=self.url, retries=self.retries,
+            backoff_s=self.backoff_s, retry_status=_RETRY_STATUS, content=body,
+            headers={"Content-Type": "application/json"} if body is not None else None,
+            status_hints={401: f"the policy server at {self.url} refused our token (HTTP 401); set {TOKEN_ENV} "
+                               "to the token the server was started with"},
+            unreachable_hint="is the trainer that serves it still running?")
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, ctx: GenerationContext) -> Generation:
         """Sample on the server (see the module invariants)."""
@@ -351,14 +326,6 @@ class RemotePolicy(PolicyBackend):
     def close(self) -> None:
         """Close the HTTP client (the server is its owner's); idempotent."""
         self._client.close()
-
-
-def _message(resp: Any) -> str:
-    try:
-        err = resp.json().get("error")
-        return str(err.get("message") if isinstance(err, dict) else err)[:500]
-    except (ValueError, AttributeError):
-        return resp.text[:300]
 
 
 def from_spec(rest: str, **kwargs: Any) -> PolicyBackend:

@@ -39,6 +39,7 @@ from typing import Any
 
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
+from clawgym_env.policy.http_json import request_json
 from clawgym_env.policy.vllm_weights import WeightReloader, reload_inplace, ties_embeddings
 
 GREEDY_EPS = 1e-5
@@ -122,35 +123,9 @@ class VLLMPolicy(PolicyBackend):
     # -- HTTP ------------------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """One JSON request with retries on connection failures; any failure → :class:`PolicyError`."""
-        import httpx
-
-        last: str = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * (2 ** (attempt - 1)))
-            try:
-                resp = self._client.request(method, path, json=body)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                continue
-            except httpx.TimeoutException as exc:
-                raise PolicyError(f"the vLLM server at {self.base_url} did not answer {method} {path} in time "
-                                  f"({exc}); raise timeout_s or ask for fewer tokens") from exc
-            except httpx.HTTPError as exc:
-                raise PolicyError(f"{method} {self.base_url}{path} failed: {exc}") from exc
-            if resp.status_code in _RETRYABLE_STATUS:
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                continue
-            if resp.status_code >= 400:
-                raise PolicyError(f"the vLLM server refused {method} {path}: HTTP {resp.status_code}: "
-                                  f"{_error_message(resp)}")
-            try:
-                return resp.json()
-            except ValueError as exc:
-                raise PolicyError(f"the vLLM server answered {method} {path} with non-JSON: "
-                                  f"{resp.text[:200]}") from exc
-        raise PolicyError(f"no vLLM server answers at {self.base_url} ({method} {path}, {self.retries + 1} tries; "
-                          f"last: {last}); start one (clawgym_env.policy.vllm_server.VLLMServer) or fix the URL")
+        return request_json(self._client, method, path, service="the vLLM server", url=self.base_url,
+                            retries=self.retries, backoff_s=self.backoff_s, retry_status=_RETRYABLE_STATUS, json=body,
+                            unreachable_hint="start one (clawgym_env.policy.vllm_server.VLLMServer) or fix the URL")
 
     def check_tokenizer(self) -> None:
         """Raise :class:`PolicyError` unless the server tokenises a probe text exactly as our tokenizer."""
@@ -288,15 +263,3 @@ class VLLMPolicy(PolicyBackend):
         self._client.close()
         if self._owns_server and self.server is not None:
             self.server.stop()
-
-
-def _error_message(resp) -> str:
-    try:
-        err = resp.json().get("error")
-        if isinstance(err, dict):
-            return str(err.get("message") or err)
-        if err:
-            return str(err)
-    except (ValueError, AttributeError):
-        pass
-    return resp.text[:500]
