@@ -193,6 +193,17 @@ def cmd_train(args) -> int:
     return main_args(args)
 
 
+def cmd_export(args) -> int:
+    """``clawgym export``: a checkpoint (or a run's latest) as a Hugging Face model directory, merged or adapter."""
+    from trainers.export import export_checkpoint
+
+    res = export_checkpoint(args.checkpoint, args.out, adapter=args.adapter, force=args.force)
+    base = f" (base: {res.base})" if res.base else ""
+    print(f"exported step {res.step} of {res.checkpoint} as a {res.kind} model to {res.out}{base}; evaluate it with "
+          f"--policy transformers:{res.out}" + ("" if res.base else f" or --policy vllm:{res.out}"))
+    return 0
+
+
 def cmd_quickstart(args) -> int:
     """``clawgym quickstart``: the CPU demo: a tiny Qwen3, SFT on expert trajectories, then GRPO."""
     from trainers.quickstart import main_args

@@ -8,6 +8,7 @@ import sys
 
 from clawgym_cli.commands import (
     cmd_eval,
+    cmd_export,
     cmd_grade,
     cmd_harness_check,
     cmd_harness_install,
@@ -134,6 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     trn = sub.add_parser("train", help="train a policy from a YAML/JSON config (algo: grpo | sft | ...)")
     train_arguments(trn).set_defaults(func=cmd_train)
+    ex = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory (LoRA merged, or the "
+                                       "adapter with --adapter) that transformers, vLLM and --policy load")
+    ex.add_argument("checkpoint", metavar="CKPT_OR_RUN",
+                    help="a checkpoint folder (RUN/checkpoints/step_N) or a run's out_dir (its latest checkpoint)")
+    ex.add_argument("--out", required=True, help="the model directory to write")
+    ex.add_argument("--adapter", action="store_true", help="LoRA runs: write the peft adapter (and its base) instead "
+                                                          "of the merged model")
+    ex.add_argument("--force", action="store_true", help="replace an earlier export in --out")
+    ex.set_defaults(func=cmd_export)
     from trainers.quickstart import add_arguments as quickstart_arguments
 
     qs = sub.add_parser("quickstart", help="CPU demo: tiny Qwen3, SFT on expert trajectories, then GRPO; "

@@ -406,13 +406,16 @@ def test_clawgym_train_config_runs_ppo_end_to_end(tmp_path, tokenizer):
     # both training steps sampled before the first sync; the final evaluation samples the synced version 1
     versions = sorted(json.loads(p.read_text())["policy_version"] for p in (out / "episodes").glob("*/episode.json"))
     assert calls and versions == [0] * 4 + [1]
-    state = torch.load(out / "checkpoints" / "step_000002" / "model.pt")
+    from trainers.checkpoint import checkpoint_tensors
+
+    state = checkpoint_tensors(out / "checkpoints" / "step_000002")
     init = build_tiny_qwen3(tokenizer, seed=0)
-    assert not torch.equal(state["model.layers.0.mlp.up_proj.weight"], init.model.layers[0].mlp.up_proj.weight)
-    first = torch.load(out / "checkpoints" / "step_000001" / "model.pt")  # after value pretraining only
-    assert torch.equal(first["model.layers.0.mlp.up_proj.weight"], init.model.layers[0].mlp.up_proj.weight)
-    assert not torch.equal(first["critic.trunk.layers.0.mlp.up_proj.weight"], init.model.layers[0].mlp.up_proj.weight)
+    up = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(state["policy"][up], init.model.layers[0].mlp.up_proj.weight)
+    first = checkpoint_tensors(out / "checkpoints" / "step_000001")  # after value pretraining only
+    assert torch.equal(first["policy"][up], init.model.layers[0].mlp.up_proj.weight)
+    assert not torch.equal(first["critic"][f"trunk.{up[len('model.'):]}"], init.model.layers[0].mlp.up_proj.weight)
     critic = Critic.separate(init)
-    critic.load_state_dict({k[len("critic."):]: v for k, v in state.items() if k.startswith("critic.")})
+    critic.load_state_dict(state["critic"])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["algo"] == "ppo" and summary["version"] == 1

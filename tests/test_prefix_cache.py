@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import trainers.grpo as grpo  # noqa: E402
+import trainers.grpo_update as grpo_update  # noqa: E402
 from clawgym_env.capture.records import CallRecord, EpisodeRecord  # noqa: E402
 from clawgym_env.capture.tree import CallTree  # noqa: E402
 from clawgym_env.errors import PolicyError  # noqa: E402
@@ -280,13 +281,13 @@ def test_grpo_loss_and_update_with_auto_equal_the_dense_mask(tokenizer, monkeypa
     base = TrainablePolicy(PolicyConfig(model="tiny", seed=3), tokenizer=tokenizer)
     assert forward_form(base.causal_lm, packs[0].packed) == "prefix_cache"
     args = grpo.Args(learning_rate=1.0, max_grad_norm=1e9, clip_eps=0.2)
-    dense_logprobs = grpo.token_logprobs
+    dense_logprobs = grpo_update.token_logprobs
     results = {}
     for form in ("auto", "additive"):
         pol = copy.deepcopy(base)
         if form != "auto":
-            monkeypatch.setattr(grpo, "token_logprobs",
-                                lambda *a, form=form, **k: dense_logprobs(*a, mask_form=form, **k))
+            monkeypatch.setattr(grpo_update, "token_logprobs",
+                                lambda *a, form=form, **k: dense_logprobs(*a, **{**k, "mask_form": form}))
         before = {n: q.detach().clone() for n, q in pol.causal_lm.named_parameters()}
         pk = packs[0]
         old = grpo._score(pol, pol.causal_lm, pk, args).detach()

@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from clawgym_cli.main import main  # noqa: E402
+from trainers.checkpoint import checkpoint_tensors, stored_keys  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/install.sh)")
 
@@ -77,8 +78,8 @@ def test_train_runs_checkpoints_and_resumes(tmp_path, capsys):
     assert ckpt.name == "step_000002"
     state = json.loads((ckpt / "state.json").read_text())
     assert state["step"] == 2 and state["config"]["steps"] == 2 and state["version"] == rows[-1]["version"]
-    saved = torch.load(ckpt / "model.pt", weights_only=True)
-    assert (ckpt / "optimizer.pt").is_file() and (out / "curves.png").is_file()
+    saved = checkpoint_tensors(ckpt)["policy"]
+    assert any(k.startswith("optim.") for k in stored_keys(ckpt)) and (out / "curves.png").is_file()
     assert json.loads((out / "config.json").read_text())["algo"] == "grpo"
 
     # resume: the same config with three steps continues at step 3 from the saved weights

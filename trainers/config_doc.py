@@ -19,6 +19,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import keyword
 import textwrap
 import typing
 from typing import Any
@@ -86,12 +87,13 @@ def describe(cls: type, prefix: str = "") -> str:
     """Every field of ``cls`` as ``name: type = default`` plus its docstring, nested ones dotted."""
     docs, hints, lines = field_docs(cls), typing.get_type_hints(cls), []
     for f in dataclasses.fields(cls):
-        lines.append(f"{prefix}{f.name}: {_type_name(hints[f.name])} = {_default(f)!r}")
+        key = f.name[:-1] if f.name.endswith("_") and keyword.iskeyword(f.name[:-1]) else f.name  # async_: async
+        lines.append(f"{prefix}{key}: {_type_name(hints[f.name])} = {_default(f)!r}")
         for doc_line in (docs.get(f.name) or "(undocumented)").splitlines():
             lines.append(f"    {doc_line}")
         sub = _nested(hints[f.name])
         if sub is not None:
-            lines.append(describe(sub, f"{prefix}{f.name}."))
+            lines.append(describe(sub, f"{prefix}{key}."))
     return "\n".join(lines)
 
 

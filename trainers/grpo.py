@@ -34,7 +34,9 @@ optimiser updates (a step whose groups all had constant reward makes no update).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 import random
 import time
@@ -45,15 +47,21 @@ import numpy as np
 import torch
 
 from clawgym_env.errors import PolicyError
+from trainers.async_rollouts import AsyncConfig, RolloutAhead, StepBatch, jobs_for
 from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.distributed import DistConfig, broadcast_object
 from trainers.evaluation import eval_harnesses, evaluate_harnesses
-from trainers.logprobs import token_logprobs
+from trainers.grpo_update import grpo_loss, grpo_update, score_pack
 from trainers.metrics import MetricsLogger, MetricsRow, MetricValue, plot_curves, rollout_metrics
+from trainers.pack_parts import pack_stats
 from trainers.policy import PolicyConfig, TrainablePolicy
-from trainers.rollouts import RolloutConfig, harness_plan, judge_for, rollout_fleet, run_jobs
+from trainers.ranks import check_context, rollout_services, setup_policy
+from trainers.rollouts import RolloutConfig, harness_plan, judge_for, run_jobs
 from trainers.summary import TrainSummary
-from trainers.sync import InProcessSync
-from trainers.tree_batch import LOSS_NORMS, OVERLONG_MODES, TrainPack, group_summary, make_groups, pack_groups
+from trainers.tree_batch import LOSS_NORMS, OVERLONG_MODES, group_summary, make_groups, pack_groups
+
+__all__ = ["Args", "collect_groups", "draw_jobs", "grpo_loss", "grpo_update", "resume", "train"]
+_score = score_pack  # the name earlier code and tests use
 
 
 @dataclasses.dataclass
@@ -138,8 +146,18 @@ class Args:
     refill_groups: int = 0
     """dynamic sampling (DAPO): up to this many extra groups per step are drawn and rolled out while fewer
     than ``groups_per_step`` groups can train (constant reward, all infrastructure failures, ...); 0: off"""
-    max_pack_tokens: int | None = None
-    """pack several trees into one sequence up to this many tokens; ``None``: one group (tree) per pack"""
+    max_pack_tokens: int | None = 32768
+    """at most this many tokens per packed forward: small groups' trees share a pack, a larger tree is split into
+    sub-packs (shared prefixes recomputed, every token's loss counted once: the same loss and gradients); at least
+    ``max_context_tokens``; ``None``: one group (tree) per pack, however large"""
+    max_context_tokens: int = 32768
+    """context limit of one model call at the serving proxy (prompt + sampled tokens); ``max_pack_tokens``, when
+    set, must be at least this"""
+    dist: DistConfig = dataclasses.field(default_factory=DistConfig)
+    """data parallelism under ``torchrun --nproc-per-node N`` (see the ``dist.*`` fields)"""
+    async_: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
+    """``async:`` in a config: ``max_staleness`` > 0 collects the next steps' rollouts while this one trains,
+    off-policy by at most that many versions (see the ``async.*`` fields)"""
     chunk_size: int = 1024
     """LM-head rows computed at once when scoring (memory vs speed with the 151k vocabulary)"""
     # evaluation and logging
@@ -165,98 +183,7 @@ class Args:
             raise PolicyError(f"overlong must be one of {OVERLONG_MODES}, got {self.overlong!r}")
         if self.refill_groups < 0 or (self.loss_norm_constant is not None and self.loss_norm_constant <= 0):
             raise PolicyError("refill_groups must be >= 0 and loss_norm_constant > 0 when set")
-
-
-def grpo_loss(logp: torch.Tensor, logp_old: torch.Tensor, is_weight: torch.Tensor, pack: TrainPack, *,
-              clip_low: float, clip_high: float, kl_coef: float = 0.0,
-              logp_ref: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """The step-4 loss of one pack (all inputs [T] tensors aligned with ``pack``)."""
-    t = pack.pair_token
-    ratio = torch.exp(logp[t] - logp_old[t])
-    adv = pack.pair_adv
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv)
-    pg = -(pack.pair_weight * is_weight[t] * surrogate).sum()
-    loss = pg
-    stats = {"pg_loss": float(pg.detach())}
-    m = pack.trainable
-    if logp_ref is not None:
-        d = logp_ref[m] - logp[m]
-        kl = (pack.token_weight[m] * (torch.exp(d) - d - 1.0)).sum()
-        loss = loss + kl_coef * kl
-        stats["kl_ref"] = float(kl.detach())
-    r_tok = torch.exp((logp - logp_old)[m].detach())
-    stats["clipped_tokens"] = float(((r_tok < 1.0 - clip_low) | (r_tok > 1.0 + clip_high)).sum())
-    stats["tokens"] = float(m.sum())
-    return loss, stats
-
-
-def _score(policy: TrainablePolicy, model, pack: TrainPack, args: Args) -> torch.Tensor:
-    return token_logprobs(model, pack.packed, args.chunk_size, mask=pack.trainable, temperature=args.temperature,
-                          vocab_limit=policy.vocab_limit)
-
-
-def grpo_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, packs: list[TrainPack],
-                args: Args) -> MetricsRow:
-    """Steps 4 of the module docstring over ``packs``; returns the update's statistics."""
-    clip_high = args.clip_eps if args.clip_eps_high is None else args.clip_eps_high
-    model = policy.causal_lm
-    t0 = time.perf_counter()
-    olds: list[torch.Tensor] = []
-    weights: list[torch.Tensor] = []
-    refs: list[torch.Tensor | None] = []
-    kl_roll, is_sum, is_clipped, n_tok = 0.0, 0.0, 0, 0
-    with torch.no_grad():
-        for pack in packs:
-            old = _score(policy, model, pack, args)
-            m = pack.trainable
-            log_w = old - pack.packed.rollout_logprobs
-            w = torch.where(m, torch.exp(log_w).clamp(max=args.is_clip), torch.zeros_like(old))
-            olds.append(old)
-            weights.append(w)
-            lw = log_w[m].double()  # float64: the k3 terms are ~lw²/2, below float32 resolution near 0
-            kl_roll += float((torch.exp(lw) - 1.0 - lw).sum())  # k3 of KL(rollout || trained), r = p_old/p_roll
-            is_sum += float(w[m].sum())
-            is_clipped += int((torch.exp(lw) > args.is_clip).sum())
-            n_tok += int(m.sum())
-            if args.kl_coef > 0:
-                with policy.reference() as ref_model:
-                    refs.append(_score(policy, ref_model, pack, args))
-            else:
-                refs.append(None)
-    groups_of = [len({e.group for e in p.episodes}) for p in packs]
-    total_groups = sum(groups_of)
-    totals: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clipped_tokens": 0.0, "tokens": 0.0}
-    grad_norms = []
-    processed = 0
-    for _ in range(args.update_epochs):
-        order = np.random.permutation(len(packs)).tolist() if args.minibatches > 1 else list(range(len(packs)))
-        for chunk in np.array_split(np.asarray(order, dtype=int), max(1, min(args.minibatches, len(packs)))):
-            if len(chunk) == 0:
-                continue
-            scale = total_groups / max(1, sum(groups_of[i] for i in chunk))  # mean over this minibatch's groups
-            optimizer.zero_grad(set_to_none=True)
-            for i in chunk.tolist():
-                pack = packs[i]
-                logp = _score(policy, model, pack, args)
-                loss, st = grpo_loss(logp, olds[i], weights[i], pack, clip_low=args.clip_eps, clip_high=clip_high,
-                                     kl_coef=args.kl_coef, logp_ref=refs[i])
-                (loss * scale).backward()
-                processed += pack.num_tokens
-                totals["loss"] += float(loss.detach())
-                for k in ("pg_loss", "kl_ref", "clipped_tokens", "tokens"):
-                    totals[k] += st.get(k, 0.0)
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(),
-                                                                   args.max_grad_norm)))
-            optimizer.step()
-    epochs = max(1, args.update_epochs)
-    dt = time.perf_counter() - t0
-    return {"loss": totals["loss"] / epochs, "pg_loss": totals["pg_loss"] / epochs,
-            "kl_ref": totals["kl_ref"] / epochs if args.kl_coef > 0 else None,
-            "clip_fraction": totals["clipped_tokens"] / totals["tokens"] if totals["tokens"] else None,
-            "kl_rollout": kl_roll / n_tok if n_tok else None, "is_weight_mean": is_sum / n_tok if n_tok else None,
-            "is_clipped_share": is_clipped / n_tok if n_tok else None, "trainable_tokens": n_tok,
-            "train_tokens": processed, "train_s": dt, "train_tokens_per_s": processed / dt if dt > 0 else None,
-            "grad_norm": max(grad_norms) if grad_norms else None, "updates": len(grad_norms)}
+        check_context(self.max_context_tokens, self.max_pack_tokens)
 
 
 def draw_jobs(args: Args, tasks: list, step: int, groups: int | None = None, refill: int = 0) -> list[tuple[Any, str]]:
@@ -304,14 +231,15 @@ def _number(value: MetricValue) -> float:
 
 
 def resume(args: Args, policy: TrainablePolicy, optimizer: torch.optim.Optimizer, out: Path,
-           echo=print) -> tuple[int, int]:
-    """Take the KL reference, then load ``out``'s latest checkpoint if resuming; returns (first step, version).
+           echo=print, *, reference_taken: bool = False) -> tuple[int, int]:
+    """Take the KL reference (unless ``reference_taken``), then load ``out``'s latest checkpoint if resuming (on
+    every rank: a collective under FSDP); returns (first step, version).
 
     Invariant: the reference is always the weights the run *started* from (``args.policy``), taken
-    before any checkpoint is loaded, so a resumed run penalises drift from the same model as the
-    uninterrupted one would (not from the resumed weights).
+    before any checkpoint is loaded (:func:`train` takes it before sharding), so a resumed run penalises
+    drift from the same model as the uninterrupted one would (not from the resumed weights).
     """
-    if args.kl_coef > 0:
+    if args.kl_coef > 0 and not reference_taken:
         policy.freeze_reference()
     if not (args.resume and latest_checkpoint(out) is not None):
         return 1, 0
@@ -320,9 +248,14 @@ def resume(args: Args, policy: TrainablePolicy, optimizer: torch.optim.Optimizer
     return state["step"] + 1, state["version"]
 
 
+def _slim(groups: list[Any]) -> list[Any]:
+    """Groups without their episodes' records: what :func:`pack_groups` reads (trees, advantages, masks)."""
+    return [dataclasses.replace(g, episodes=[]) for g in groups]
+
+
 def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> TrainSummary:
-    """Run GRPO per ``args``; returns its summary (also written to ``<out_dir>/summary.json``)."""
-    from clawgym_env.runtime import Runtime
+    """Run GRPO per ``args`` (on every rank under ``torchrun``: rank 0 rolls out, logs and writes the summary,
+    every rank trains on its share); returns its summary (also written to ``<out_dir>/summary.json``)."""
     from tasks import load_suite
 
     out = Path(args.out_dir)
@@ -330,51 +263,67 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    policy = policy or TrainablePolicy(args.policy)
+    ranks = setup_policy(args.policy, args.dist, policy, reference=args.kl_coef > 0)
+    main, policy = ranks.info.is_main, ranks.policy
+    say = echo if main else (lambda *_: None)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
-    start, version = resume(args, policy, optimizer, out, echo)
-    tasks = list(load_suite(args.suite).tasks)
-    eval_tasks = list(load_suite(args.eval_suite).tasks) if args.eval_suite else []
-    sync = InProcessSync.for_policy(policy)
+    start, version = resume(args, policy, optimizer, out, say, reference_taken=True)
+    tasks = list(load_suite(args.suite).tasks) if main else []
+    eval_tasks = list(load_suite(args.eval_suite).tasks) if args.eval_suite and main else []
     if version:
-        sync.push(policy, version)
-    metrics = MetricsLogger(out, tensorboard=args.tensorboard, start_step=start)
+        ranks.sync.push(policy, version)
+    metrics = MetricsLogger(out, tensorboard=args.tensorboard, start_step=start) if main else None
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
     bar = None
-    if args.progress and start <= args.steps:
+    if args.progress and start <= args.steps and main:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=args.steps, initial=start - 1, desc="grpo", unit="step")
     last: MetricsRow = {}
     judge = judge_for(tasks + eval_tasks)
-    with Runtime(sync.serving, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge) as rt, \
-            rollout_fleet(args.rollout, sync.serving, sandbox=args.sandbox, out_dir=out / "episodes",
-                          judge=judge) as fleet:
+
+    def run(jobs):  # async: no version given, every call records the serving version that sampled it
+        return run_jobs(rt, jobs, group_size=args.group_size, sampling=sampling, concurrency=args.concurrency,
+                        fleet=fleet, policy_version=None if args.async_.max_staleness else version)
+
+    regroup = functools.partial(make_groups, normalize_std=args.normalize_std, overlong=args.overlong,
+                                overlong_penalty=args.overlong_penalty)
+    ahead = RolloutAhead(lambda n: StepBatch(n, *collect_groups(args, tasks, n, run)), args.async_, start=start,
+                         stop=args.steps, regroup=regroup, rerun=lambda keys: run(jobs_for(keys, tasks)))
+    with rollout_services(ranks, rollout=args.rollout, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge,
+                          max_context_tokens=args.max_context_tokens) as (rt, fleet), \
+            ahead if main else contextlib.nullcontext():
         for step in range(start, args.steps + 1):
             t0 = time.perf_counter()
-            results, groups, refill = collect_groups(
-                args, tasks, step, lambda jobs, v=version: run_jobs(rt, jobs, group_size=args.group_size,
-                                                                     sampling=sampling, policy_version=v,
-                                                                     concurrency=args.concurrency, fleet=fleet))
-            rollout_s = time.perf_counter() - t0
-            row = rollout_metrics(results, args.pass_threshold)
-            row["rollout_s"] = rollout_s
-            row["rollout_tokens_per_s"] = _number(row["sampled_tokens"]) / rollout_s if rollout_s > 0 else None
-            row.update(group_summary(groups), **refill)
+            row: MetricsRow = {}
+            groups: list[Any] = []
+            if main:
+                batch = ahead.get(step, version)
+                results, groups, rollout_s = batch.results, batch.groups, batch.rollout_s
+                row = rollout_metrics(results, args.pass_threshold)
+                row["rollout_s"] = rollout_s
+                row["rollout_tokens_per_s"] = _number(row["sampled_tokens"]) / rollout_s if rollout_s > 0 else None
+                row.update(group_summary(groups), **batch.stats)
+                if batch.metrics is not None and args.async_.max_staleness:
+                    row.update(batch.metrics.row(args.async_.max_staleness))
+            if ranks.info.distributed:
+                groups = broadcast_object(_slim(groups) if main else [])
             packs = pack_groups(groups, max_tokens=args.max_pack_tokens, device=policy.device,
                                 loss_norm=args.loss_norm, norm_constant=args.loss_norm_constant or args.max_tokens)
             row["masked_inexact_tokens"] = sum(p.masked_inexact_tokens for p in packs)
+            row.update(pack_stats(packs).as_metrics())
             if packs:
                 row.update(grpo_update(policy, optimizer, packs, args))
                 version += 1
-                sync.push(policy, version)
+                ranks.sync.push(policy, version)
             row["version"] = version
-            if eval_tasks and args.eval_every and (step % args.eval_every == 0 or step == args.steps):
+            if main and eval_tasks and args.eval_every and (step % args.eval_every == 0 or step == args.steps):
                 row.update(evaluate_harnesses(rt, eval_tasks, eval_harnesses(args.eval_harness, args.harnesses),
                                               samples=args.eval_samples, sampling=sampling,
                                               concurrency=args.concurrency, pass_threshold=args.pass_threshold))
             row["step_s"] = time.perf_counter() - t0
-            last = metrics.log(step, row)
+            if metrics is not None:
+                last = metrics.log(step, row)
             if step % max(1, args.save_every) == 0 or step == args.steps:
                 save_checkpoint(out, step, policy, optimizer, config=args, version=version,
                                 keep=args.keep_checkpoints)
@@ -384,13 +333,15 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
                 bar.update(1)
     if bar is not None:
         bar.close()
-    metrics.close()
-    curves = plot_curves(metrics.path, out) if args.plot else None
+    if metrics is not None:
+        metrics.close()
+    curves = plot_curves(metrics.path, out) if args.plot and metrics is not None else None
     ckpt = latest_checkpoint(out)
-    summary = TrainSummary(algo="grpo", out_dir=str(out), steps=args.steps, metrics=str(metrics.path), last=last,
-                           version=version, checkpoint=str(ckpt) if ckpt else None,
+    summary = TrainSummary(algo="grpo", out_dir=str(out), steps=args.steps, metrics=str(out / "metrics.jsonl"),
+                           last=last, version=version, checkpoint=str(ckpt) if ckpt else None,
                            curves=str(curves) if curves else None)
-    summary.write()
+    if main:
+        summary.write()
     if not math.isfinite(summary.final_loss or 0.0):
-        echo("warning: the last loss is not finite")
+        say("warning: the last loss is not finite")
     return summary

@@ -27,6 +27,14 @@ Invariants of :class:`PackedTree` (``T`` tokens, ``N`` nodes over all packed tre
 * ``rollout_logprobs[i]`` is the captured logprob where ``logprob_known[i]`` (a sampled token with a
   recorded logprob), 0.0 elsewhere; ``target_mask`` = sampled tokens that have a predecessor.
 
+Bounded packs (:mod:`trainers.pack_split`). A pack holds whole trees or :class:`~trainers.pack_split.TreePart` s
+of trees split to fit ``max_tokens``; ``parts[k]`` says which (``trees[k]`` is always the whole
+tree, ``node_ids`` are its node ids, and only the part's nodes are packed: :meth:`PackedTree.has_node`).
+``owned[i]`` is True where the pack owns token ``i``; a token it does not own is context, recomputed
+because the paths through it continue in this pack, and trained in the pack that owns it. Every
+per-token result a trainer or report counts (:func:`scorable_mask`, hence :func:`trainable_mask`)
+is restricted to owned tokens, so each token of a split tree is counted exactly once over its packs.
+
 The trainable-token rule (:func:`trainable_mask`) lives here, once, for every trainer: a
 :func:`scorable_mask` token (sampled, with a predecessor and a recorded rollout logprob) that lies on
 at least one token-exact call (:func:`inexact_token_mask` marks the others).
@@ -43,6 +51,10 @@ import torch
 
 from clawgym_env.capture.tree import CallTree
 from clawgym_env.errors import PolicyError
+from trainers.pack_split import TreePart, tree_tokens, whole_part
+
+__all__ = ["MASK_FORMS", "PackedTree", "TreePart", "bin_by_tokens", "inexact_nodes", "inexact_token_mask",
+           "pack_batch", "pack_trees", "scorable_mask", "trainable_flags", "trainable_mask", "tree_tokens"]
 
 MASK_FORMS = ("bool", "additive", "block")
 
@@ -66,6 +78,8 @@ class PackedTree:
     paths: list[torch.Tensor]        # per root-to-leaf path: packed token indices in order
     path_leaves: list[tuple[int, int]]  # per path: (tree index, leaf node id)
     tree_ranges: list[tuple[int, int]]  # per packed tree: [start, end) token range
+    owned: torch.Tensor              # [T] bool, tokens this pack trains on (False: context of a split tree)
+    parts: list[TreePart] = dataclasses.field(default_factory=list, repr=False)  # per packed tree
     trees: list[CallTree] = dataclasses.field(default_factory=list, repr=False)
     _ancestors: torch.Tensor | None = dataclasses.field(default=None, repr=False)
     _node_index: dict[tuple[int, int], int] | None = dataclasses.field(default=None, repr=False)
@@ -85,6 +99,11 @@ class PackedTree:
     def is_chain(self) -> bool:
         """True when the pack is a single root-to-leaf path: the tree mask is then plain causal."""
         return len(self.paths) == 1 and len(self.tree_ranges) == 1 and int(self.paths[0].numel()) == self.num_tokens
+
+    @property
+    def recomputed_tokens(self) -> int:
+        """Tokens packed only as context for a split tree's paths (owned by another pack)."""
+        return self.num_tokens - int(self.owned.sum())
 
     @property
     def target_mask(self) -> torch.Tensor:
@@ -160,14 +179,18 @@ class PackedTree:
         """Packed indices of call ``call``'s prompt + output (path to ``tree.call_leaf[call]``)."""
         return self.path_indices(tree_index, self.trees[tree_index].call_leaf[call])
 
-    def _packed_node(self, tree_index: int, node_id: int) -> int:
+    def has_node(self, tree_index: int, node_id: int) -> bool:
+        """True when node ``node_id`` of packed tree ``tree_index`` is in this pack (a part may hold only some)."""
+        return self._packed_node(tree_index, node_id, required=False) >= 0
+
+    def _packed_node(self, tree_index: int, node_id: int, required: bool = True) -> int:
         if self._node_index is None:
             self._node_index = {(t, n): k for k, (t, n) in enumerate(zip(self.node_tree.tolist(),
                                                                          self.node_ids.tolist()))}
         k = self._node_index.get((int(tree_index), int(node_id)))
-        if k is None:
+        if k is None and required:
             raise PolicyError(f"node {node_id} of packed tree {tree_index} is not in this pack")
-        return k
+        return -1 if k is None else k
 
     def to(self, device) -> PackedTree:
         """A copy with every tensor on ``device``."""
@@ -192,20 +215,25 @@ def _preorder(tree: CallTree) -> list[int]:
     return order
 
 
-def pack_trees(trees: CallTree | Sequence[CallTree], device: str | torch.device | None = None) -> PackedTree:
-    """Pack one tree, or several (e.g. a GRPO group), into one :class:`PackedTree`.
+def pack_trees(trees: CallTree | TreePart | Sequence[CallTree | TreePart],
+               device: str | torch.device | None = None) -> PackedTree:
+    """Pack one tree, or several (e.g. a GRPO group), or parts of split trees, into one :class:`PackedTree`.
 
-    Trees never attend to each other; each keeps its own positions starting at 0.
+    Trees never attend to each other; each keeps its own positions starting at 0. A
+    :class:`~trainers.pack_split.TreePart` packs only its nodes (whole root-to-leaf paths) and owns
+    only its ``owned`` nodes' tokens; a plain tree is packed whole and owns every token.
     """
-    trees = [trees] if isinstance(trees, CallTree) else list(trees)
-    if not trees:
+    items = [trees] if isinstance(trees, (CallTree, TreePart)) else list(trees)
+    if not items:
         raise PolicyError("pack_trees needs at least one tree")
+    parts = [it if isinstance(it, TreePart) else whole_part(it) for it in items]
     ids: list[int] = []
     pos: list[int] = []
     pred: list[int] = []
     sampled: list[bool] = []
     lps: list[float] = []
     known: list[bool] = []
+    owned: list[bool] = []
     token_node: list[int] = []
     offsets: list[int] = []
     parents: list[int] = []
@@ -214,16 +242,22 @@ def pack_trees(trees: CallTree | Sequence[CallTree], device: str | torch.device 
     leaf_nodes: list[int] = []
     path_leaves: list[tuple[int, int]] = []
     ranges: list[tuple[int, int]] = []
-    for ti, tree in enumerate(trees):
+    for ti, part in enumerate(parts):
+        tree = part.tree
         start = len(ids)
         local: dict[int, int] = {}  # tree node id -> packed node index
         depth: dict[int, int] = {}
         for nid in _preorder(tree):
+            if nid not in part.nodes:
+                continue
             node = tree.nodes[nid]
             if not node.tokens or not (len(node.tokens) == len(node.sampled) == len(node.logprobs)):
                 raise PolicyError(f"node {nid} of tree {ti} has an empty segment or per-token lists of unequal "
                                   "length; the tree is malformed")
             p = node.parent
+            if p is not None and p not in local:
+                raise PolicyError(f"part {part.index} of tree {ti} holds node {nid} but not its parent {p}; a part "
+                                  "must hold whole root-to-leaf paths (trainers.pack_split.split_tree)")
             pk = local[p] if p is not None else -1
             d = depth[p] + len(tree.nodes[p].tokens) if p is not None else 0
             k = len(offsets)
@@ -233,6 +267,7 @@ def pack_trees(trees: CallTree | Sequence[CallTree], device: str | torch.device 
             node_tree.append(ti)
             node_ids.append(nid)
             first_pred = offsets[pk + 1] - 1 if pk >= 0 else -1  # parent's last token (parent is complete)
+            mine = nid in part.owned
             for j, tok in enumerate(node.tokens):
                 pred.append(first_pred if j == 0 else len(ids) - 1)
                 ids.append(int(tok))
@@ -241,8 +276,9 @@ def pack_trees(trees: CallTree | Sequence[CallTree], device: str | torch.device 
                 lp = node.logprobs[j]
                 known.append(bool(node.sampled[j]) and lp is not None)
                 lps.append(float(lp) if lp is not None and known[-1] else 0.0)
+                owned.append(mine)
                 token_node.append(k)
-            if not node.children:
+            if not any(c in part.nodes for c in node.children):
                 leaf_nodes.append(k)
                 path_leaves.append((ti, nid))
         ranges.append((start, len(ids)))
@@ -276,20 +312,16 @@ def pack_trees(trees: CallTree | Sequence[CallTree], device: str | torch.device 
         node_parent=torch.tensor(parents, dtype=torch.long, device=device),
         node_tree=torch.tensor(node_tree, dtype=torch.long, device=device),
         node_ids=torch.tensor(node_ids, dtype=torch.long, device=device),
-        paths=paths, path_leaves=path_leaves, tree_ranges=ranges, trees=trees)
-
-
-def tree_tokens(tree: CallTree) -> int:
-    """Number of tokens ``tree`` occupies in a pack (the sum of its segment lengths)."""
-    return sum(len(n.tokens) for n in tree.nodes)
+        paths=paths, path_leaves=path_leaves, tree_ranges=ranges,
+        owned=torch.tensor(owned, dtype=torch.bool, device=device), parts=parts, trees=[p.tree for p in parts])
 
 
 def pack_batch(trees: Sequence[CallTree], max_tokens: int | None = None,
                device: str | torch.device | None = None) -> list[PackedTree]:
-    """Pack ``trees`` into a list of packs of at most ``max_tokens`` tokens each, keeping their order.
-
-    Trees are never split: a tree larger than ``max_tokens`` gets a pack of its own. Without
-    ``max_tokens`` every tree is one pack. Returns ``[]`` for no trees.
+    """Pack whole ``trees`` into packs of at most ``max_tokens`` tree tokens each (:func:`bin_by_tokens`),
+    order kept; a tree larger than ``max_tokens`` gets a pack of its own, unsplit (a scoring pass such as
+    the consistency report reads each tree whole). Training packs come from
+    :func:`trainers.pack_split.plan_packs`, which splits such a tree. Returns ``[]`` for no trees.
     """
     trees = list(trees)
     return [pack_trees([trees[k] for k in b], device) for b in bin_by_tokens(trees, max_tokens)]
@@ -298,8 +330,9 @@ def pack_batch(trees: Sequence[CallTree], max_tokens: int | None = None,
 def bin_by_tokens(trees: Sequence[CallTree], max_tokens: int | None) -> list[list[int]]:
     """Indices of ``trees`` in consecutive bins of at most ``max_tokens`` tree tokens each, order kept.
 
-    A tree is never split: a tree larger than ``max_tokens`` gets a bin of its own. Without
-    ``max_tokens`` every tree is one bin. The one packing policy of every trainer.
+    Whole trees only: a tree larger than ``max_tokens`` gets a bin of its own (for placing whole
+    trees; training packs come from :func:`trainers.pack_split.plan_packs`, which splits such a
+    tree). Without ``max_tokens`` every tree is one bin.
     """
     if max_tokens is None:
         return [[k] for k in range(len(trees))]
@@ -331,14 +364,25 @@ def inexact_token_mask(pack: PackedTree) -> torch.Tensor:
     bad = torch.zeros(pack.num_tokens, dtype=torch.bool, device=pack.input_ids.device)
     for ti, tree in enumerate(pack.trees):
         for nid in inexact_nodes(tree):
-            bad[pack.node_slice(ti, nid)] = True
+            if pack.has_node(ti, nid):
+                bad[pack.node_slice(ti, nid)] = True
     return bad
 
 
 def scorable_mask(pack: PackedTree) -> torch.Tensor:
-    """[T] bool: sampled tokens with a predecessor and a recorded rollout logprob (what can be scored
-    against the rollout; the consistency report compares exactly these)."""
-    return pack.target_mask & pack.logprob_known
+    """[T] bool: sampled tokens with a predecessor and a recorded rollout logprob that the pack owns
+    (what can be scored against the rollout; the consistency report compares exactly these)."""
+    return pack.target_mask & pack.logprob_known & pack.owned
+
+
+def trainable_flags(tree: CallTree) -> list[list[bool]]:
+    """Per node, per token of the WHOLE ``tree``: the :func:`trainable_mask` rule (ownership aside), without
+    packing it — what a split tree's parts need to count an episode's trainable tokens over all parts.
+    A sampled token with a recorded logprob and a predecessor (not a root's first token), not only on
+    inexact calls. :func:`trainers.tree_batch.build_pack` checks it against the packed rule."""
+    bad = inexact_nodes(tree)
+    return [[node.id not in bad and bool(s) and lp is not None and (node.parent is not None or j > 0)
+             for j, (s, lp) in enumerate(zip(node.sampled, node.logprobs))] for node in tree.nodes]
 
 
 def trainable_mask(pack: PackedTree) -> torch.Tensor:

@@ -21,7 +21,16 @@ Invariants:
 * ``serving_state_dict()`` has exactly the names and shapes of the base model's ``state_dict()``,
   detached, on the policy's device;
 * ``state_dict()``/``load_state_dict()`` cover every tensor of the trained module (adapters
-  included), what a checkpoint stores; a LoRA checkpoint is only the adapters plus the frozen base.
+  included), as full tensors; a checkpoint (:mod:`trainers.checkpoint`) stores only the trainable
+  parameters of :meth:`TrainablePolicy.checkpoint_modules` (under LoRA: the adapters);
+* the same seed gives the same LoRA initialisation in every process (data-parallel ranks agree);
+* sharded or not: ``policy.module`` may be sharded in place with FSDP2 ``fully_shard`` (DTensor
+  parameters). Then ``state_dict``, ``load_state_dict``, ``serving_state_dict``, ``serving_copy``,
+  ``save_pretrained`` and ``freeze_reference`` are collectives every rank calls: they gather full
+  tensors with ``torch.distributed.checkpoint.state_dict`` and merge LoRA deltas (``W + scale·B@A``,
+  per expert for fused MoE experts) from those full tensors, never through peft's in-place merge;
+  ``save_pretrained`` writes on rank 0 only. The reference of a sharded full fine-tune is an
+  unsharded copy on every rank.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from clawgym_env.errors import PolicyError
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TREE_MASK_ATTN = ("sdpa", "eager", "flex_attention")
+TINY_MODELS = ("tiny", "tiny-moe")
 
 
 @dataclasses.dataclass
@@ -47,7 +57,8 @@ class PolicyConfig:
     sized by the ``tiny_*`` fields) or a local model directory (``config.json`` + weights)."""
 
     model: str = "tiny"
-    """``tiny`` (a random-init Qwen3 on the real tokenizer, sized by the ``tiny_*`` fields) or a local model
+    """``tiny`` (a random-init Qwen3 on the real tokenizer, sized by the ``tiny_*`` fields), ``tiny-moe`` (a
+    random-init Qwen3-MoE, also sized by ``tiny_experts*``/``tiny_moe_intermediate``) or a local model
     directory (config.json + weights)"""
     tiny_hidden_size: int = 64
     """hidden size of the tiny model"""
@@ -59,6 +70,12 @@ class PolicyConfig:
     """key/value heads of the tiny model (grouped-query attention)"""
     tiny_intermediate: int = 128
     """MLP width of the tiny model"""
+    tiny_experts: int = 4
+    """experts per MoE layer of ``tiny-moe``"""
+    tiny_experts_per_token: int = 2
+    """experts routed per token (top-k) of ``tiny-moe``"""
+    tiny_moe_intermediate: int = 32
+    """width of each expert's MLP in ``tiny-moe``"""
     seed: int = 0
     """seed of the tiny model's initial weights and of LoRA's initialisation"""
     dtype: str = "float32"
@@ -94,21 +111,28 @@ def _dtype(name: str) -> torch.dtype:
     return value
 
 
-def _load_causal_lm(cfg: PolicyConfig, tokenizer):
+def load_causal_lm(cfg: PolicyConfig, tokenizer):
+    """The (base) causal LM ``cfg`` names: a ``tiny*`` random-init model or a model directory's."""
     if cfg.attn_implementation not in TREE_MASK_ATTN:
         raise PolicyError(f"attn_implementation {cfg.attn_implementation!r} cannot take a tree mask; use one of "
                           f"{TREE_MASK_ATTN}")
-    if cfg.model == "tiny":
-        from clawgym_env.policy.tiny import build_tiny_qwen3
+    if cfg.model in TINY_MODELS:
+        from clawgym_env.policy.tiny import build_tiny_qwen3, build_tiny_qwen3_moe
 
-        model = build_tiny_qwen3(tokenizer, hidden_size=cfg.tiny_hidden_size, num_layers=cfg.tiny_layers,
-                                 heads=cfg.tiny_heads, kv_heads=cfg.tiny_kv_heads, intermediate=cfg.tiny_intermediate,
-                                 seed=cfg.seed)
+        shape: dict[str, Any] = dict(hidden_size=cfg.tiny_hidden_size, num_layers=cfg.tiny_layers,
+                                     heads=cfg.tiny_heads, kv_heads=cfg.tiny_kv_heads, seed=cfg.seed)
+        if cfg.model == "tiny":
+            model = build_tiny_qwen3(tokenizer, intermediate=cfg.tiny_intermediate, **shape)
+        else:
+            model = build_tiny_qwen3_moe(tokenizer, experts=cfg.tiny_experts,
+                                         experts_per_token=cfg.tiny_experts_per_token,
+                                         moe_intermediate=cfg.tiny_moe_intermediate, **shape)
         model.config._attn_implementation = cfg.attn_implementation
         return model.to(_dtype(cfg.dtype))
     path = Path(cfg.model).expanduser()
     if not (path / "config.json").is_file():
-        raise PolicyError(f"policy.model {cfg.model!r} is neither 'tiny' nor a model directory with config.json")
+        raise PolicyError(f"policy.model {cfg.model!r} is neither one of {TINY_MODELS} nor a model directory "
+                          "with config.json")
     from transformers import AutoModelForCausalLM
 
     try:
@@ -122,7 +146,8 @@ def _tokenizer_for(cfg: PolicyConfig):
     from clawgym_env.policy.tokenizer import load_tokenizer
 
     path = Path(cfg.model).expanduser()
-    if cfg.model != "tiny" and ((path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists()):
+    has_tokenizer = (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists()
+    if cfg.model not in TINY_MODELS and has_tokenizer:
         return load_tokenizer(path)
     return load_tokenizer()
 
@@ -134,7 +159,7 @@ class TrainablePolicy:
         self.config = config or PolicyConfig()
         self.tokenizer = tokenizer if tokenizer is not None else _tokenizer_for(self.config)
         self.device = resolve_device(self.config.device)
-        lm = model if model is not None else _load_causal_lm(self.config, self.tokenizer)
+        lm = model if model is not None else load_causal_lm(self.config, self.tokenizer)
         lm = lm.to(self.device)
         self.lora = self.config.lora_rank > 0
         self.module: Any  # the trained module (a peft model under LoRA); transformers models are dynamically typed
@@ -147,7 +172,9 @@ class TrainablePolicy:
             lcfg = LoraConfig(r=self.config.lora_rank, lora_alpha=self.config.lora_alpha,  # type: ignore[arg-type]
                               lora_dropout=self.config.lora_dropout, target_modules=list(self.config.lora_targets),
                               task_type="CAUSAL_LM")
-            self.module = get_peft_model(lm, lcfg)
+            with torch.random.fork_rng(devices=[]):  # same adapters on every rank, global RNG untouched
+                torch.manual_seed(int(self.config.seed))
+                self.module = get_peft_model(lm, lcfg)
             self.causal_lm = self.module.get_base_model()  # LoRA layers live inside it
         else:
             self.module = lm
@@ -170,40 +197,68 @@ class TrainablePolicy:
         total = sum(p.numel() for p in self.module.parameters())
         return sum(p.numel() for p in self.trainable_parameters()), total
 
+    @property
+    def sharded(self) -> bool:
+        """Whether ``module`` has been sharded with FSDP2 (its parameters are DTensors)."""
+        return is_sharded(self.module)
+
+    def checkpoint_modules(self) -> dict[str, torch.nn.Module]:
+        """The modules a checkpoint saves (their trainable parameters): ``{"policy": module}``."""
+        return {"policy": self.module}
+
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The module's weights (what a checkpoint stores)."""
-        return self.module.state_dict()
+        """The module's weights as full tensors (a collective when sharded)."""
+        return full_state_dict(self.module)
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Load weights of this policy's shape; a mismatch is an error naming the keys."""
-        missing, unexpected = self.module.load_state_dict(state, strict=False)
+        """Load full weights of this policy's shape; a mismatch is an error naming the keys."""
+        expected = set(self.module.state_dict())
+        missing = sorted(expected - set(state))
+        unexpected = sorted(set(state) - expected)
         if missing or unexpected:
             raise PolicyError(f"checkpoint does not fit this policy: missing {missing[:3]}, "
                               f"unexpected {unexpected[:3]} "
                               "(was it saved with another model or LoRA setting?)")
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(self.module, dict(state), options=StateDictOptions(full_state_dict=True))
+        else:
+            self.module.load_state_dict(state, strict=False)
 
     @torch.no_grad()
-    def serving_state_dict(self) -> dict[str, torch.Tensor]:
-        """Plain model names → detached weights, LoRA deltas merged (the module is not modified)."""
-        state = self.causal_lm.state_dict()
+    def serving_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+        """Plain model names → detached full weights, LoRA deltas merged (the module is not modified;
+        a collective when sharded). ``rank0_only`` (sharded only): rank 0 gets the weights on the CPU,
+        the other ranks ``{}`` — no rank holds a second full copy on its accelerator."""
+        state = full_state_dict(self.causal_lm, rank0_only=rank0_only)
+        if not state:
+            return {}
         if not self.lora:
             return {k: v.detach() for k, v in state.items()}
-        from peft.tuners.lora import LoraLayer
+        return merge_lora(state, self.causal_lm)
 
-        out = {k.replace(".base_layer.", "."): v.detach().clone() for k, v in state.items() if ".lora_" not in k}
-        for name, mod in self.causal_lm.named_modules():
-            if isinstance(mod, LoraLayer) and not mod.merged:
-                key = f"{name}.weight"
-                for adapter in mod.active_adapters:
-                    if adapter in mod.lora_A:
-                        out[key] += mod.get_delta_weight(adapter).to(out[key].dtype)  # type: ignore[attr-defined]
-        return out
+    def _plain_model(self, state: dict[str, torch.Tensor]):
+        """A new plain causal LM of the base architecture holding ``state`` (serving names)."""
+        from transformers import AutoModelForCausalLM
+
+        config = copy.deepcopy(self.causal_lm.config)
+        first = next(iter(state.values()))
+        with torch.random.fork_rng(devices=[]), torch.device(first.device):  # where the weights are
+            dtype = first.dtype
+            plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        missing, unexpected = plain.load_state_dict(state, strict=False)
+        if [k for k in missing if k not in _tied_names(plain)] or unexpected:
+            raise PolicyError(f"merged weights do not fit {type(plain).__name__}: missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]}")
+        plain.tie_weights()
+        return plain
 
     # -- reference model for a KL penalty ---------------------------------------------------------
     def freeze_reference(self) -> None:
         """Take the reference weights now (full fine-tuning only; LoRA's reference is the frozen base)."""
         if not self.lora:
-            ref = copy.deepcopy(self.causal_lm)
+            ref = self.serving_copy() if self.sharded else copy.deepcopy(self.causal_lm)
             ref.requires_grad_(False)
             self._reference = ref.eval()
 
@@ -220,8 +275,17 @@ class TrainablePolicy:
 
     # -- export ---------------------------------------------------------------------------------
     def save_pretrained(self, out_dir: str | Path) -> Path:
-        """A plain model directory (LoRA merged) loadable by ``TransformersPolicy.from_pretrained``."""
+        """A plain model directory (LoRA merged, tokenizer and chat template included) loadable by
+        ``from_pretrained``; a collective when sharded (rank 0 writes, then every rank returns)."""
         out = Path(out_dir)
+        if self.sharded:
+            state = self.serving_state_dict(rank0_only=True)  # every rank joins the gather; rank 0 writes
+            if _rank() == 0:
+                out.mkdir(parents=True, exist_ok=True)
+                self._plain_model(state).save_pretrained(str(out))
+                self.tokenizer.save_pretrained(str(out))
+            _barrier()
+            return out
         out.mkdir(parents=True, exist_ok=True)
         if self.lora:
             plain = copy.deepcopy(self.module).merge_and_unload()
@@ -232,8 +296,11 @@ class TrainablePolicy:
         return out
 
     def serving_copy(self):
-        """A separate plain causal LM holding the current (merged) weights, in eval mode."""
-        if self.lora:
+        """A separate plain causal LM holding the current (merged) weights, in eval mode (a collective
+        when sharded: every rank gets the full copy)."""
+        if self.sharded:
+            plain = self._plain_model(self.serving_state_dict())
+        elif self.lora:
             plain = copy.deepcopy(self.module).merge_and_unload()
         else:
             plain = copy.deepcopy(self.causal_lm)
@@ -241,3 +308,88 @@ class TrainablePolicy:
             plain.gradient_checkpointing_disable()
         plain.requires_grad_(False)
         return plain.eval()
+
+
+# -- full tensors and LoRA merging (sharded or not) ---------------------------------------------------
+def is_sharded(module: torch.nn.Module) -> bool:
+    """Whether any parameter of ``module`` is a DTensor (FSDP2 ``fully_shard``)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def full_state_dict(module: torch.nn.Module, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+    """``module.state_dict()`` with full tensors: gathered on every rank when sharded (a collective), or with
+    ``rank0_only`` on rank 0's CPU only (the other ranks get ``{}``)."""
+    if not is_sharded(module):
+        return module.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
+    full: dict[str, Any] = get_model_state_dict(module, options=options)
+    return full
+
+
+def _plain_name(key: str) -> str:
+    return ".".join(part for part in key.split(".") if part != "base_layer")
+
+
+def _tied_names(model) -> set[str]:
+    keys = getattr(model, "_tied_weights_keys", None) or {}
+    return set(keys) if not isinstance(keys, dict) else set(keys)
+
+
+def lora_delta(layer, adapter: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The weight delta of one peft LoRA layer from full ``lora_A``/``lora_B`` weights: ``scale·B@A``
+    (transposed under ``fan_in_fan_out``) for a linear layer; per expert for a fused 3-D experts parameter
+    (peft's ``ParamWrapper``: A is [experts·r, in], B is [out, r·experts])."""
+    if getattr(layer, "use_dora", {}).get(adapter) or getattr(layer, "lora_bias", {}).get(adapter):
+        raise PolicyError("merging DoRA or LoRA-bias adapters is not supported; train plain LoRA")
+    scale = float(layer.scaling[adapter])
+    experts = int(getattr(layer, "num_experts", 1))
+    a, b = a.float(), b.float()
+    if hasattr(layer, "parameter_name") and experts > 1:
+        a3 = a.reshape(experts, -1, a.shape[-1])  # experts x r x in
+        b3 = b.reshape(b.shape[0], -1, experts)  # out x r x experts
+        swapped = getattr(layer, "_did_swap_in_out_features", False)
+        return torch.einsum("ore,eri->eoi" if swapped else "ore,eri->eio", b3, a3) * scale
+    delta = (b @ a) * scale
+    return delta.T if getattr(layer, "fan_in_fan_out", False) else delta
+
+
+def merge_lora(state: dict[str, torch.Tensor], causal_lm) -> dict[str, torch.Tensor]:
+    """``causal_lm``'s full state dict (peft names) → plain names with every active adapter merged in.
+
+    The result has the base model's names and shapes (``.base_layer`` dropped, ``lora_*`` gone); for
+    a LoRA on a parameter (fused MoE experts) the merged key is the wrapped parameter's own name."""
+    from peft.tuners.lora import LoraLayer
+
+    out = {_plain_name(k): v.detach().clone() for k, v in state.items() if ".lora_" not in k}
+    for name, layer in causal_lm.named_modules():
+        if not isinstance(layer, LoraLayer) or layer.merged:
+            continue
+        for adapter in layer.active_adapters:
+            if adapter in getattr(layer, "lora_embedding_A", {}):
+                raise PolicyError(f"{name}: LoRA on embeddings cannot be merged here; drop it from lora_targets")
+            if adapter not in layer.lora_A:
+                continue
+            key = f"{_plain_name(name)}.{getattr(layer, 'parameter_name', 'weight')}"
+            if key not in out:
+                raise PolicyError(f"LoRA layer {name} adapts {key}, which the model does not have")
+            delta = lora_delta(layer, adapter, state[f"{name}.lora_A.{adapter}.weight"],
+                               state[f"{name}.lora_B.{adapter}.weight"])
+            out[key] = (out[key].float() + delta.to(out[key].device)).to(out[key].dtype)
+    return out
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

@@ -47,6 +47,7 @@ train with their reward; a step without a trainable token makes no update and st
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
@@ -57,13 +58,21 @@ from typing import Any
 import torch
 
 from clawgym_env.errors import PolicyError
+from trainers.async_rollouts import AsyncConfig, RolloutAhead, StepBatch, jobs_for
+from trainers.distributed import DistConfig, broadcast_object, shard_model
 from trainers.metrics import MetricsRow
+from trainers.pack_parts import pack_stats
 from trainers.policy import PolicyConfig, TrainablePolicy
-from trainers.ppo_targets import PackTargets, add_reference, forward_pack, gae_targets, loss_weights, prepare  # noqa: F401
+from trainers.ppo_targets import PackTargets, add_reference, forward_pack, gae_targets, loss_weights, prepare
+from trainers.ppo_update import batch_metrics, ppo_loss, update
+from trainers.ranks import check_context, rollout_services, setup_policy
 from trainers.rollouts import RolloutConfig
 from trainers.summary import TrainSummary
 from trainers.tree_batch import rollout_packs
 from trainers.value import ActorCritic, Critic
+
+__all__ = ["Args", "PackTargets", "add_reference", "batch_metrics", "draw_jobs", "episode_trees", "forward_pack",
+           "gae_targets", "loss_weights", "ppo_loss", "prepare", "train", "update"]
 
 
 @dataclasses.dataclass
@@ -132,6 +141,14 @@ class Args:
     """optimiser steps per epoch: the step's packs are split into this many minibatches"""
     max_pack_tokens: int | None = 32768
     """pack several trees into one sequence up to this many tokens"""
+    max_context_tokens: int = 32768
+    """context limit of one model call at the serving proxy (prompt + sampled tokens); ``max_pack_tokens``, when
+    set, must be at least this"""
+    dist: DistConfig = dataclasses.field(default_factory=DistConfig)
+    """data parallelism under ``torchrun --nproc-per-node N`` (see the ``dist.*`` fields)"""
+    async_: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
+    """``async:`` in a config: ``max_staleness`` > 0 collects the next steps' rollouts while this one trains,
+    off-policy by at most that many versions (see the ``async.*`` fields)"""
     chunk_size: int = 1024
     """LM-head rows computed at once when scoring (memory vs speed with the 151k vocabulary)"""
     gamma: float = 1.0
@@ -176,114 +193,12 @@ class Args:
                               f"{self.critic!r}")
         if self.clip_eps < 0 or (self.clip_eps_high or 0) < 0 or self.is_clip <= 0 or self.vf_clip < 0:
             raise PolicyError("clip_eps, clip_eps_high and vf_clip must be >= 0 and is_clip > 0")
+        check_context(self.max_context_tokens, self.max_pack_tokens)
 
     @property
     def clip_high(self) -> float:
         """The upper clip range: ``clip_eps_high``, or ``clip_eps`` when unset."""
         return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
-
-
-def ppo_loss(model, critic: Critic, t: PackTargets, args: Args, denom: float, *, value_only: bool = False,
-             vocab_limit: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """The pack's share of a minibatch's loss (weights divided by the minibatch ``denom``) and its stats.
-    ``value_only`` (value pretraining): the value term alone, the policy outside autograd."""
-    want_ent = args.ent_coef > 0 and not value_only
-    logp, values, ent = forward_pack(model, critic, t.pack, args, t.mask, policy=not value_only, entropy=want_ent,
-                                     vocab_limit=vocab_limit)
-    w = t.weight / denom
-    v_tok = (values - t.returns) ** 2
-    if args.vf_clip > 0:
-        clipped_v = t.old_values + (values - t.old_values).clamp(-args.vf_clip, args.vf_clip)
-        v_tok = torch.maximum(v_tok, (clipped_v - t.returns) ** 2)
-    v_tok = 0.5 * v_tok
-    stats = {"v_loss": float((w * v_tok).sum().detach())}
-    if value_only:
-        return args.vf_coef * (w * v_tok).sum(), stats
-    log_ratio = torch.where(t.mask, logp - t.old_logp, torch.zeros_like(logp))
-    ratio = torch.exp(log_ratio)
-    a = t.advantages
-    pg_tok = -t.is_weight * torch.minimum(ratio * a, ratio.clamp(1 - args.clip_eps, 1 + args.clip_high) * a)
-    tok = pg_tok + args.vf_coef * v_tok
-    if want_ent:
-        tok = tok - args.ent_coef * ent
-        stats["entropy"] = float((w * ent).sum().detach())
-    if t.ref_logp is not None and args.kl_coef > 0:
-        q = t.ref_logp - logp
-        kl = torch.exp(q) - q - 1
-        tok = tok + args.kl_coef * kl
-        stats["kl_ref"] = float((w * kl).sum().detach())
-    loss = (w * torch.where(t.mask, tok, torch.zeros_like(tok))).sum()
-    with torch.no_grad():
-        clipped = ((ratio < 1 - args.clip_eps) | (ratio > 1 + args.clip_high)) & t.mask
-        stats.update(pg_loss=float((w * pg_tok).sum()), clip_fraction=float((w * clipped).sum()),
-                     approx_kl=float((w * ((ratio - 1) - log_ratio)).sum()))
-    return loss, stats
-
-
-def update(model, critic: Critic, targets: list[PackTargets], args: Args, optimizer, *, pretrain: bool = False,
-           vocab_limit: int | None = None, rng: random.Random | None = None) -> dict[str, float]:
-    """``update_epochs`` epochs of ``minibatches`` optimiser steps over the packs (shuffled each epoch).
-
-    ``optimizer`` holds the policy's and the critic's parameters; gradients are clipped separately.
-    ``pretrain`` trains the critic alone: the policy gets no gradient, so the optimiser (which skips
-    parameters without one) leaves it bit-identical. Returns the stats averaged over minibatches.
-    """
-    shuffle = rng.shuffle if rng is not None else random.shuffle  # default: the global RNG, which checkpoints save
-    live = [t for t in targets if t.denom > 0]
-    pol = [p for p in model.parameters() if p.requires_grad]
-    val = [p for p in critic.parameters() if p.requires_grad]
-    sums: dict[str, float] = {}
-    n = 0
-    for _ in range(args.update_epochs):
-        order = live[:]
-        shuffle(order)
-        k = max(1, min(args.minibatches, len(order)))
-        for mb in (order[i::k] for i in range(k)):
-            optimizer.zero_grad(set_to_none=True)
-            denom = sum(t.denom for t in mb)
-            for t in mb:
-                loss, st = ppo_loss(model, critic, t, args, denom, value_only=pretrain, vocab_limit=vocab_limit)
-                loss.backward()
-                st["loss"] = float(loss.detach())
-                for key, v in st.items():
-                    sums[key] = sums.get(key, 0.0) + v
-            if not pretrain:
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(
-                    torch.nn.utils.clip_grad_norm_(pol, args.max_grad_norm))
-            elif any(p.grad is not None for p in pol):
-                raise PolicyError("value pretraining produced a policy gradient; the policy must stay frozen")
-            sums["grad_norm_value"] = sums.get("grad_norm_value", 0.0) + float(
-                torch.nn.utils.clip_grad_norm_(val, args.max_grad_norm))
-            optimizer.step()
-            n += 1
-    optimizer.zero_grad(set_to_none=True)
-    return {k: v / n for k, v in sums.items()} if n else {}
-
-
-def batch_metrics(targets: list[PackTargets], is_clip: float) -> MetricsRow:
-    """Value fit, advantages and rollout/trainer drift over the trained tokens, overall and per harness."""
-    per: dict[str, list[list[torch.Tensor]]] = {}
-    for t in targets:
-        lw = t.old_logp - t.pack.rollout_logprobs
-        for ti, (s, e) in enumerate(t.pack.tree_ranges):
-            m = t.mask[s:e]
-            cols = [x[s:e][m].double() for x in (t.returns, t.old_values, t.advantages, lw)]
-            per.setdefault(t.pack.trees[ti].meta.harness or "?", []).append(cols)
-    out: MetricsRow = {}
-    groups = [("", [c for rows in per.values() for c in rows])] + [(f"{h}/", rows) for h, rows in sorted(per.items())]
-    for prefix, rows in groups:
-        ret, v, adv, lw = (torch.cat([r[i] for r in rows]) if rows else torch.zeros(0, dtype=torch.float64)
-                           for i in range(4))
-        n = int(ret.numel())
-        var = float(ret.var()) if n > 1 else 0.0
-        out[f"{prefix}trained_tokens"] = n
-        out[f"{prefix}explained_variance"] = 1.0 - float((ret - v).var()) / var if var > 0 else None
-        out[f"{prefix}value_abs_error"] = float((ret - v).abs().mean()) if n else None
-        out[f"{prefix}advantage_abs_mean"] = float(adv.abs().mean()) if n else None
-        out[f"{prefix}return_mean"] = float(ret.mean()) if n else None
-        out[f"{prefix}kl_rollout"] = float((torch.exp(lw) - 1 - lw).mean()) if n else None  # k3, KL(rollout||trained)
-        out[f"{prefix}is_clipped_share"] = float((torch.exp(lw) > is_clip).double().mean()) if n else None
-    return out
 
 
 # ---- the loop --------------------------------------------------------------------------------------
@@ -310,86 +225,109 @@ def episode_trees(results) -> list[Any]:
 
 
 def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> TrainSummary:
-    """Run PPO per ``args``; returns its summary (also written to ``<out_dir>/summary.json``)."""
-    from clawgym_env.runtime import Runtime
+    """Run PPO per ``args`` (on every rank under ``torchrun``: rank 0 rolls out, logs and writes the summary,
+    every rank trains on its share); returns its summary (also written to ``<out_dir>/summary.json``)."""
     from tasks import load_suite
     from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from trainers.distributed import shard_policy
     from trainers.evaluation import eval_harnesses, evaluate_harnesses
     from trainers.metrics import MetricsLogger, plot_curves, rollout_metrics
-    from trainers.rollouts import judge_for, rollout_fleet, run_jobs
-    from trainers.sync import InProcessSync
+    from trainers.rollouts import judge_for, run_jobs
 
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    policy = policy or TrainablePolicy(args.policy)
+    # the reference (initial weights, also when resuming), the serving copy and the critic's copy of the policy
+    # are taken from the unsharded module
+    ranks = setup_policy(args.policy, args.dist, policy, reference=args.kl_coef > 0, name="ppo", shard=False)
+    main, policy = ranks.info.is_main, ranks.policy
+    say = echo if main else (lambda *_: None)
     critic = Critic.for_policy(policy, args.critic, args.value_model, args.value_head_init_std, args.seed)
+    shard_policy(policy, args.dist)
+    shard_model(critic, mixed_precision=args.dist.mixed_precision,
+                reshard_after_forward=args.dist.reshard_after_forward)
     optimizer = torch.optim.AdamW([{"params": policy.trainable_parameters(), "lr": args.learning_rate},
                                    {"params": [p for p in critic.parameters() if p.requires_grad],
                                     "lr": args.critic_learning_rate}], weight_decay=args.weight_decay)
     state = ActorCritic(policy, critic)
-    if args.kl_coef > 0:  # the initial weights, also when resuming
-        policy.freeze_reference()
     start, version = 1, 0
     if args.resume and latest_checkpoint(out) is not None:
         loaded = load_checkpoint(out, state, optimizer)
         start, version = loaded["step"] + 1, loaded["version"]
-        echo(f"resumed from {loaded['path']} (step {loaded['step']}, version {version})")
-    tasks = list(load_suite(args.suite).tasks)
-    eval_tasks = list(load_suite(args.eval_suite).tasks) if args.eval_suite else []
-    sync = InProcessSync.for_policy(policy, name="ppo")
+        say(f"resumed from {loaded['path']} (step {loaded['step']}, version {version})")
+    tasks = list(load_suite(args.suite).tasks) if main else []
+    eval_tasks = list(load_suite(args.eval_suite).tasks) if args.eval_suite and main else []
     if version:
-        sync.push(policy, version)
-    metrics = MetricsLogger(out, start_step=start)
+        ranks.sync.push(policy, version)
+    metrics = MetricsLogger(out, start_step=start) if main else None
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
     last: MetricsRow = {}
     judge = judge_for(tasks + eval_tasks)
-    with Runtime(sync.serving, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge) as rt, \
-            rollout_fleet(args.rollout, sync.serving, sandbox=args.sandbox, out_dir=out / "episodes",
-                          judge=judge) as fleet:
+    ref_root = policy.module if policy.lora else None  # LoRA's reference is the policy with adapters off
+
+    def run(jobs):  # async: no version given, every call records the serving version that sampled it
+        return run_jobs(rt, jobs, group_size=args.samples_per_task, sampling=sampling, concurrency=args.concurrency,
+                        fleet=fleet, policy_version=None if args.async_.max_staleness else version)
+
+    ahead = RolloutAhead(lambda n: StepBatch(n, run(draw_jobs(args, tasks, n)), []), args.async_, start=start,
+                         stop=args.steps, rerun=lambda keys: run(jobs_for(keys, tasks)))
+    with rollout_services(ranks, rollout=args.rollout, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge,
+                          max_context_tokens=args.max_context_tokens) as (rt, fleet), \
+            ahead if main else contextlib.nullcontext():
         for step in range(start, args.steps + 1):
             t0 = time.perf_counter()
-            results = run_jobs(rt, draw_jobs(args, tasks, step), group_size=args.samples_per_task,
-                               sampling=sampling, policy_version=version, concurrency=args.concurrency, fleet=fleet)
-            row = {**rollout_metrics(results, args.pass_threshold), "rollout_s": time.perf_counter() - t0}
-            trees = episode_trees(results)
+            row: MetricsRow = {}
+            trees: list[Any] = []
+            if main:
+                batch = ahead.get(step, version)
+                results = batch.results
+                row = {**rollout_metrics(results, args.pass_threshold), "rollout_s": batch.rollout_s}
+                if batch.metrics is not None and args.async_.max_staleness:
+                    row.update(batch.metrics.row(args.async_.max_staleness))
+                trees = episode_trees(results)
+            trees = broadcast_object(trees)
             packs = rollout_packs(trees, args.max_pack_tokens, device=policy.device)
+            row.update(pack_stats(packs).as_metrics())
             pretrain = step <= args.value_pretrain_steps
             model = policy.causal_lm
             model.eval()
             critic.eval()
-            targets = prepare(model, critic, packs, args, policy.vocab_limit)
+            targets = prepare(model, critic, packs, args, policy.vocab_limit, policy_root=policy.module)
             if args.kl_coef > 0 and not pretrain:
                 with policy.reference() as ref:
-                    add_reference(targets, ref, args, policy.vocab_limit)
+                    add_reference(targets, ref, args, policy.vocab_limit, root=ref_root)
             model.train()
             critic.train()  # a separate critic's trunk checkpoints activations only in training mode
             t1 = time.perf_counter()
-            stats = update(model, critic, targets, args, optimizer, pretrain=pretrain, vocab_limit=policy.vocab_limit)
+            stats = update(model, critic, targets, args, optimizer, pretrain=pretrain, vocab_limit=policy.vocab_limit,
+                           policy_root=policy.module)
             if stats and not pretrain:
                 version += 1
-                sync.push(policy, version)
+                ranks.sync.push(policy, version)
             row.update(batch_metrics(targets, args.is_clip), **stats, trees=len(trees), packs=len(packs),
                        phase="value_pretrain" if pretrain else "ppo", version=version,
                        train_s=time.perf_counter() - t1)
-            if eval_tasks and args.eval_every and (step % args.eval_every == 0 or step == args.steps):
+            if main and eval_tasks and args.eval_every and (step % args.eval_every == 0 or step == args.steps):
                 row.update(evaluate_harnesses(rt, eval_tasks, eval_harnesses(args.eval_harness, args.harnesses),
                                               samples=args.eval_samples, sampling=sampling,
                                               concurrency=args.concurrency, pass_threshold=args.pass_threshold))
             row["step_s"] = time.perf_counter() - t0
-            last = metrics.log(step, row)
+            if metrics is not None:
+                last = metrics.log(step, row)
             if step % max(1, args.save_every) == 0 or step == args.steps:
                 save_checkpoint(out, step, state, optimizer, config=args, version=version, keep=args.keep_checkpoints)
-            echo(f"ppo step {step}/{args.steps} [{row['phase']}] reward {row.get('reward_mean')} "
-                 f"v_loss {row.get('v_loss')} version {version}")
-    metrics.close()
-    curves = plot_curves(metrics.path, out) if args.plot else None
+            say(f"ppo step {step}/{args.steps} [{row['phase']}] reward {row.get('reward_mean')} "
+                f"v_loss {row.get('v_loss')} version {version}")
+    if metrics is not None:
+        metrics.close()
+    curves = plot_curves(metrics.path, out) if args.plot and metrics is not None else None
     ckpt = latest_checkpoint(out)
-    summary = TrainSummary(algo="ppo", out_dir=str(out), steps=args.steps, metrics=str(metrics.path), last=last,
-                           version=version, checkpoint=str(ckpt) if ckpt else None,
+    summary = TrainSummary(algo="ppo", out_dir=str(out), steps=args.steps, metrics=str(out / "metrics.jsonl"),
+                           last=last, version=version, checkpoint=str(ckpt) if ckpt else None,
                            curves=str(curves) if curves else None)
-    summary.write()
+    if main:
+        summary.write()
     if not math.isfinite(summary.final_loss or 0.0):
-        echo("warning: the last loss is not finite")
+        say("warning: the last loss is not finite")
     return summary

@@ -12,6 +12,12 @@ matches) before anything runs (pydantic validates the ``Args`` dataclass, see
 :mod:`trainers.config_doc`); ``--help-config ALGO`` prints every field with its type, default and
 docstring; relative paths in the config stay relative to the current directory;
 the run's resolved config is written to ``<out_dir>/config.json`` before training starts.
+
+Data parallelism: ``--nproc-per-node N`` re-executes the command as ``python -m torch.distributed.run
+--standalone --nproc-per-node N -m trainers.train ...`` (the same as launching ``torchrun`` yourself); every
+rank reads the config and runs the algorithm's ``train``, which joins the process group
+(:mod:`trainers.distributed`); rank 0 alone writes ``config.json`` and prints; the process group is left at
+the end.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import keyword
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -91,7 +100,7 @@ def available_algorithms() -> list[str]:
 
 def args_from_config(data: dict[str, Any]) -> tuple[Any, Any]:
     """(algorithm module, its Args) from a config mapping."""
-    data = dict(data)
+    data = {f"{k}_" if keyword.iskeyword(str(k)) else k: v for k, v in data.items()}  # async: → the field async_
     name = str(data.pop("algo", "grpo"))
     module = algorithm(name)
     return module, validate(module.Args, data)
@@ -128,12 +137,36 @@ def run(config: str | Path | dict[str, Any], overrides: list[str] | None = None,
         args.resume = resume
     out = Path(getattr(args, "out_dir", "runs/train"))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({"algo": module.__name__.rsplit(".", 1)[-1],
-                                                 **dataclasses.asdict(args)}, indent=2))
+    main_rank = launched_rank() == 0
+    if main_rank:
+        (out / "config.json").write_text(json.dumps({"algo": module.__name__.rsplit(".", 1)[-1],
+                                                     **dataclasses.asdict(args)}, indent=2))
     t0 = time.perf_counter()
     summary = module.train(args)
-    echo(format_summary(summary, time.perf_counter() - t0))
+    if main_rank:
+        echo(format_summary(summary, time.perf_counter() - t0))
     return summary
+
+
+def launched_rank() -> int:
+    """This process's rank as the launcher (``torchrun``) set it; 0 without one."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def launch_command(nproc: int, argv: list[str]) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N -m trainers.train ARGV``."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+            "-m", "trainers.train", *argv]
+
+
+def relaunch(args: argparse.Namespace) -> int:
+    """Run ``args`` again on ``args.nproc_per_node`` ranks (module docstring); returns the launcher's status."""
+    argv = ["--config", str(args.config), *[x for item in args.overrides for x in ("--set", item)]]
+    if args.no_resume:
+        argv.append("--no-resume")
+    root = str(Path(__file__).resolve().parent.parent)  # the project, importable by the ranks
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return subprocess.run(launch_command(args.nproc_per_node, argv), env=env).returncode
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -144,6 +177,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (dotted for nested keys), e.g. --set steps=3")
     p.add_argument("--no-resume", action="store_true", help="start fresh even if out_dir has a checkpoint")
+    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                   help="train data-parallel on N ranks of this node (FSDP2; re-runs under torch.distributed.run, "
+                        "as `torchrun --nproc-per-node N -m trainers.train ...` does); rank 0 runs the rollouts")
     return p
 
 
@@ -156,7 +192,16 @@ def main_args(args: argparse.Namespace) -> int:
     if not args.config:
         raise ConfigError("--config FILE is required (or --help-config ALGO to list the fields; algorithms: "
                           f"{', '.join(available_algorithms())})")
-    run(args.config, list(args.overrides), resume=False if args.no_resume else None)
+    if args.nproc_per_node < 1:
+        raise ConfigError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
+    if args.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
+        return relaunch(args)
+    from trainers.distributed import destroy_distributed
+
+    try:
+        run(args.config, list(args.overrides), resume=False if args.no_resume else None)
+    finally:
+        destroy_distributed()
     return 0
 
 

@@ -35,6 +35,16 @@ Invariants of a :class:`TrainPack` (``T`` packed tokens, ``P`` pairs):
   harness, task, episode_id, reward, advantage, trainable token count);
 * ``trainable`` is :func:`trainers.packing.trainable_mask` of ``packed`` minus the tokens owned only
   by episodes masked out (``PackItem.skip``).
+
+Bounded packs: :func:`pack_groups` and :func:`rollout_packs` lay trees into packs of at most
+``max_tokens`` tokens (:func:`trainers.pack_split.plan_packs`), splitting a larger tree into parts.
+A part's pack carries pairs, weights and trainable flags on the tokens it OWNS only (each token of
+the tree is owned by one part); ``N_e`` and the pair weights are those of the whole tree, so the
+pairs of a split tree's packs are exactly the pairs of its unsplit pack, and any loss that is a sum
+over pairs or trainable tokens is unchanged by the split (its gradient too: a token's logprob
+depends only on its path prefix, which every part holding it carries in full). Every part lists
+all episodes of its tree; ``PackEpisode.primary`` is True in exactly one of them (the part owning
+the episode's first node), so per-episode counts (denominators, metrics) count each episode once.
 """
 
 from __future__ import annotations
@@ -51,7 +61,8 @@ from clawgym_env.capture.tree import CallTree
 from clawgym_env.capture.tree_meta import EpisodeSummary, TreeMeta
 from clawgym_env.errors import PolicyError
 from trainers.advantages import episode_own_tokens, group_advantages, is_constant, node_episodes
-from trainers.packing import PackedTree, bin_by_tokens, pack_trees, scorable_mask, trainable_mask
+from trainers.pack_split import TreePart, plan_packs
+from trainers.packing import PackedTree, pack_trees, scorable_mask, trainable_flags, trainable_mask
 
 EpisodePair = tuple[EpisodeRecord, list[CallRecord]]
 
@@ -173,6 +184,8 @@ class PackItem:
     task_id: str | None = None
     skip: frozenset[int] = frozenset()
     """episode positions that get no pairs (GRPO ``overlong="mask"``)"""
+    part: TreePart | None = None
+    """the part of ``tree`` this item packs when the tree was split (:mod:`trainers.pack_split`); None: whole"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +199,9 @@ class PackEpisode:
     reward: float | None
     advantage: float
     trainable_tokens: int
+    """``N_e``: the episode's own trainable tokens over its WHOLE tree (also in a split tree's parts)"""
+    primary: bool = True
+    """False in all but one part of a split tree: count the episode (denominators, metrics) where True"""
 
 
 @dataclasses.dataclass
@@ -230,77 +246,73 @@ def build_pack(items: Sequence[PackItem], *, scale: float = 1.0, device: str | t
     tree without it is one episode); ``G = len(advantages)``; every pair weight is multiplied by
     ``scale`` (``1 / groups in the step``). Episode positions in ``item.skip`` get no pairs. Pair
     weight by ``loss_norm``: ``"episode"`` ``scale/(G·N_e)``, ``"constant"`` ``scale/(G·norm_constant)``,
-    ``"token"`` 1 (:func:`pack_groups` rescales).
+    ``"token"`` 1 (:func:`pack_groups` rescales). An item with a ``part`` packs that part and gets pairs
+    on the part's owned tokens only, weighted with the whole tree's ``N_e`` (module docstring).
     """
     if loss_norm not in LOSS_NORMS:
         raise PolicyError(f"loss_norm must be one of {LOSS_NORMS}, got {loss_norm!r}")
     if loss_norm == "constant" and not (norm_constant and norm_constant > 0):
         raise PolicyError("loss_norm='constant' needs a positive norm_constant (e.g. the max tokens per episode)")
-    packed = pack_trees([it.tree for it in items], device=device)
+    packed = pack_trees([it.part or it.tree for it in items], device=device)
     rule = trainable_mask(packed)
     masked = int(scorable_mask(packed).sum()) - int(rule.sum())  # scorable, but only on inexact calls
-    trainable = torch.zeros_like(rule)
-    token_weight = torch.zeros(packed.num_tokens, dtype=torch.float32, device=rule.device)
+    expected = [False] * packed.num_tokens  # the rule rebuilt from trainable_flags, checked against ``rule``
     p_tok: list[int] = []
     p_ep: list[int] = []
     p_w: list[float] = []
     p_adv: list[float] = []
     episodes: list[PackEpisode] = []
     for ti, item in enumerate(items):
-        tree, advs = item.tree, item.advantages
+        part, advs = packed.parts[ti], item.advantages
+        tree = part.tree
         members = node_episodes(tree)
         own = episode_own_tokens(tree)
-        node_ok: dict[int, torch.Tensor] = {}
+        flags = trainable_flags(tree)
         counts = [0] * len(advs)
-        for node in tree.nodes:  # N_e over trainable tokens only (packing.trainable_mask's rule)
-            ok = rule[packed.node_slice(ti, node.id)]
-            node_ok[node.id] = ok
+        first: dict[int, int] = {}  # episode -> its first node (ids are preorder)
+        for node in tree.nodes:  # N_e over the WHOLE tree's trainable tokens
             for e in members[node.id]:
                 if e >= len(advs):
                     raise PolicyError(f"tree {tree.meta.tree_id} has episode {e} but only {len(advs)} advantages")
-                counts[e] += int((ok & _flags(own[node.id][e], ok)).sum())
+                first.setdefault(e, node.id)
+                counts[e] += sum(f and o for f, o in zip(flags[node.id], own[node.id][e]))
         base = len(episodes)
         summaries = tree.meta.episodes
         for e, a in enumerate(advs):
             src = summaries[e] if e < len(summaries) else EpisodeSummary()
             episodes.append(PackEpisode(group=item.group, harness=item.harness or src.harness,
                                         task_id=item.task_id or src.task_id, episode_id=src.episode_id,
-                                        reward=src.reward, advantage=float(a), trainable_tokens=counts[e]))
+                                        reward=src.reward, advantage=float(a), trainable_tokens=counts[e],
+                                        primary=first[e] in part.owned if e in first else part.index == 0))
         g = len(advs)
-        for node in tree.nodes:
-            ok = node_ok[node.id]
-            if not bool(ok.any()):
-                continue
-            start = packed.node_slice(ti, node.id).start
-            for e in members[node.id]:
+        for nid in sorted(part.owned):  # pairs on the tokens this pack owns
+            start, ok = packed.node_slice(ti, nid).start, flags[nid]
+            expected[start:start + len(ok)] = ok
+            for e in members[nid]:
                 if not counts[e] or e in item.skip:
                     continue
-                idx = (torch.nonzero(ok & _flags(own[node.id][e], ok))[:, 0] + start).tolist()
-                if not idx:
-                    continue
-                trainable[idx] = True
+                idx = [start + j for j, (f, o) in enumerate(zip(ok, own[nid][e])) if f and o]
                 if loss_norm == "episode":
                     w = scale / (g * counts[e])
                 elif loss_norm == "constant":
                     w = scale / (g * float(norm_constant or 1.0))
                 else:
                     w = 1.0
-                token_weight[idx] += w
                 p_tok.extend(idx)
                 p_ep.extend([base + e] * len(idx))
                 p_w.extend([w] * len(idx))
                 p_adv.extend([float(advs[e])] * len(idx))
+    if rule.tolist() != expected:
+        raise PolicyError("the packed trainable rule and packing.trainable_flags disagree; they must be one rule")
     dev = rule.device
-    return TrainPack(packed=packed, trainable=trainable, token_weight=token_weight,
-                     pair_token=torch.tensor(p_tok, dtype=torch.long, device=dev),
-                     pair_episode=torch.tensor(p_ep, dtype=torch.long, device=dev),
-                     pair_weight=torch.tensor(p_w, dtype=torch.float32, device=dev),
-                     pair_adv=torch.tensor(p_adv, dtype=torch.float32, device=dev),
+    pair_token = torch.tensor(p_tok, dtype=torch.long, device=dev)
+    pair_weight = torch.tensor(p_w, dtype=torch.float32, device=dev)
+    return TrainPack(packed=packed, trainable=torch.zeros_like(rule).index_fill_(0, pair_token, True),
+                     token_weight=torch.zeros(packed.num_tokens, dtype=torch.float32,
+                                              device=dev).index_add_(0, pair_token, pair_weight),
+                     pair_token=pair_token, pair_episode=torch.tensor(p_ep, dtype=torch.long, device=dev),
+                     pair_weight=pair_weight, pair_adv=torch.tensor(p_adv, dtype=torch.float32, device=dev),
                      episodes=episodes, masked_inexact_tokens=masked)
-
-
-def _flags(values: list[bool], like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.bool, device=like.device)
 
 
 def pack_groups(groups: Sequence[Group], *, max_tokens: int | None = None,
@@ -308,18 +320,18 @@ def pack_groups(groups: Sequence[Group], *, max_tokens: int | None = None,
                 norm_constant: float | None = None) -> list[TrainPack]:
     """GRPO: pack the trainable groups (``skipped is None``), several per pack up to ``max_tokens``.
 
-    A group is never split (its shared prefix is computed once); without ``max_tokens`` each group
-    is its own pack. Pair weights (``loss_norm``, see :func:`build_pack`) carry ``1 / (number of
-    trainable groups)``, except ``"token"``: every pair of the step weighs ``1 / (pairs in the step)``.
+    A group that fits is never split (its shared prefix is computed once); a larger one is split
+    (:func:`build_packs`); without ``max_tokens`` each group is its own pack. Pair weights
+    (``loss_norm``, see :func:`build_pack`) carry ``1 / (number of trainable groups)``, except
+    ``"token"``: every pair of the step weighs ``1 / (pairs in the step)``.
     """
     items = [PackItem(g.tree, g.advantages, group=i, harness=g.harness, task_id=g.key[1], skip=frozenset(g.masked))
              for i, g in enumerate(groups) if g.skipped is None and g.tree is not None]
     if not items:
         return []
     scale = 1.0 / len(items)
-    packs = [build_pack([items[k] for k in b], scale=scale, device=device, loss_norm=loss_norm,
+    packs = build_packs(items, max_tokens, scale=scale, device=device, loss_norm=loss_norm,
                         norm_constant=norm_constant)
-             for b in bin_by_tokens([it.tree for it in items], max_tokens)]
     if loss_norm == "token":  # one mean over every (token, episode) pair of the step
         pairs = sum(int(p.pair_weight.numel()) for p in packs)
         for p in packs:
@@ -328,41 +340,48 @@ def pack_groups(groups: Sequence[Group], *, max_tokens: int | None = None,
     return packs
 
 
+def build_packs(items: Sequence[PackItem], max_tokens: int | None, *, scale: float = 1.0,
+                device: str | torch.device | None = None, loss_norm: str = "episode",
+                norm_constant: float | None = None) -> list[TrainPack]:
+    """:func:`build_pack` s of at most ``max_tokens`` tokens each (:func:`trainers.pack_split.plan_packs`):
+    items in order, small trees together, a larger tree split into parts with the pairs and weights of
+    its unsplit pack (module docstring); without ``max_tokens`` one pack per item, whole."""
+    return [build_pack([dataclasses.replace(items[p.source], part=p) for p in b], scale=scale, device=device,
+                       loss_norm=loss_norm, norm_constant=norm_constant)
+            for b in plan_packs([it.tree for it in items], max_tokens)]
+
+
+def episode_packs(episodes: Sequence[EpisodePair], max_tokens: int | None = None,
+                  device: str | torch.device | None = None) -> list[TrainPack]:
+    """SFT: the packs of one tree over ``episodes`` (:func:`episodes_tree`, advantage 1 each), split to fit
+    ``max_tokens``; their pairs are those of the one unsplit pack (``1 / (B · N_e)`` per token)."""
+    return build_packs([PackItem(episodes_tree(episodes), [1.0] * len(episodes))], max_tokens, device=device)
+
+
+def _rollout_item(tree: CallTree, group: int, part: TreePart | None = None) -> PackItem:
+    return PackItem(tree, [0.0] * tree.meta.episode_count(), group=group, harness=tree.meta.harness,
+                    task_id=tree.meta.task_id, part=part)
+
+
 def rollout_pack(trees: Sequence[CallTree], device: str | torch.device | None = None) -> TrainPack:
     """PPO: one pack of ``trees`` whose advantages come per token (:mod:`trainers.ppo_targets`): every
     episode's own trainable tokens are pairs of weight 1 and advantage 0, so ``token_weight[t]``
     counts the episodes that own token ``t``."""
-    return build_pack([PackItem(t, [0.0] * t.meta.episode_count(), group=i, harness=t.meta.harness,
-                                task_id=t.meta.task_id) for i, t in enumerate(trees)],
-                      device=device, loss_norm="token")
+    return build_pack([_rollout_item(t, i) for i, t in enumerate(trees)], device=device, loss_norm="token")
 
 
 def rollout_packs(trees: Sequence[CallTree], max_tokens: int | None = None,
                   device: str | torch.device | None = None) -> list[TrainPack]:
-    """PPO: :func:`rollout_pack` s of at most ``max_tokens`` tree tokens each (trees never split, order kept)."""
-    return [rollout_pack([trees[k] for k in b], device) for b in bin_by_tokens(trees, max_tokens)]
-
-
-def scatter_node_values(pack: TrainPack, values: Sequence[Sequence[Sequence[float]]]) -> torch.Tensor:
-    """Per-tree, per-node token lists (e.g. :func:`trainers.advantages.tree_gae` output, one entry per
-    packed tree) → a [T] float32 tensor aligned with the pack's tokens."""
-    packed = pack.packed
-    if len(values) != len(packed.trees):
-        raise PolicyError(f"{len(values)} value lists for a pack of {len(packed.trees)} trees")
-    flat = [0.0] * packed.num_tokens
-    for ti, per_node in enumerate(values):
-        for nid, row in enumerate(per_node):
-            sl = packed.node_slice(ti, nid)
-            if len(row) != sl.stop - sl.start:
-                raise PolicyError(f"tree {ti} node {nid}: {len(row)} values for {sl.stop - sl.start} tokens")
-            flat[sl] = [float(v) for v in row]
-    return torch.tensor(flat, dtype=torch.float32, device=packed.input_ids.device)
+    """PPO: :func:`rollout_pack` s of at most ``max_tokens`` tokens each, order kept; a larger tree is split
+    (:func:`build_packs`); an episode's ``group`` is its tree's index in ``trees``."""
+    return build_packs([_rollout_item(t, i) for i, t in enumerate(trees)], max_tokens, device=device,
+                       loss_norm="token")
 
 
 def group_summary(groups: Sequence[Group]) -> dict[str, int]:
     """Counts for metrics: groups trained/skipped and why, infra failures excluded."""
     out: dict[str, int] = {"groups": len(groups), "groups_trained": sum(g.skipped is None for g in groups)}
-    for reason in ("constant_reward", "all_infra", "no_tokens", "all_overlong"):
+    for reason in ("constant_reward", "all_infra", "no_tokens", "all_overlong", "all_stale"):
         out[f"groups_skipped_{reason}"] = sum(g.skipped == reason for g in groups)
     out["episodes_infra_excluded"] = sum(g.infra_excluded for g in groups)
     out["episodes_overlong"] = sum(len(g.overlong) for g in groups)

@@ -167,16 +167,31 @@ class ActorCritic:
     def __init__(self, policy, critic: Critic) -> None:
         self.policy, self.critic, self.device = policy, critic, policy.device
 
+    def checkpoint_modules(self) -> dict[str, nn.Module]:
+        """The modules a checkpoint saves: the policy's (:meth:`TrainablePolicy.checkpoint_modules`) and ``critic``."""
+        return {**self.policy.checkpoint_modules(), "critic": self.critic}
+
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Policy and critic weights in one mapping (critic keys prefixed ``critic.``)."""
-        return {**self.policy.state_dict(), **{f"critic.{k}": v for k, v in self.critic.state_dict().items()}}
+        """Policy and critic weights in one mapping (critic keys prefixed ``critic.``), full tensors (a collective
+        when sharded)."""
+        from trainers.policy import full_state_dict
+
+        critic = full_state_dict(self.critic)
+        return {**self.policy.state_dict(), **{f"critic.{k}": v for k, v in critic.items()}}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load a :meth:`state_dict`; a checkpoint without critic weights is an error."""
-        critic = {k[len("critic."):]: v for k, v in state.items() if k.startswith("critic.")}
+        critic: dict[str, Any] = {k[len("critic."):]: v for k, v in state.items() if k.startswith("critic.")}
         if not critic:
             raise PolicyError("this checkpoint holds no critic (was it written by another algorithm?)")
-        self.critic.load_state_dict(critic)
+        from trainers.policy import is_sharded
+
+        if is_sharded(self.critic):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(self.critic, critic, options=StateDictOptions(full_state_dict=True))
+        else:
+            self.critic.load_state_dict(critic)
         self.policy.load_state_dict({k: v for k, v in state.items() if not k.startswith("critic.")})
 
 

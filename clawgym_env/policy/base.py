@@ -11,8 +11,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from clawgym_env.errors import ProxyError
 
@@ -119,6 +119,15 @@ class Generation:
     an upstream API): the proxy then records the call as not token-exact, logprobs carrying no information."""
 
 
+@dataclasses.dataclass(frozen=True)
+class TextDelta:
+    """A piece of an answer's text as a text-level backend receives it from its upstream (see
+    :meth:`PolicyBackend.generate_stream`): ``content`` or ``reasoning`` text, in arrival order."""
+
+    kind: Literal["content", "reasoning"]
+    text: str
+
+
 class PolicyBackend(abc.ABC):
     """A policy served behind the proxy. Must be safe to call from several threads."""
 
@@ -133,6 +142,19 @@ class PolicyBackend(abc.ABC):
     @abc.abstractmethod
     def generate(self, prompt_ids: list[int], params: SamplingParams, ctx: GenerationContext) -> Generation:
         """Sample a continuation of ``prompt_ids``."""
+
+    streams_text: bool = False
+    """True when :meth:`generate_stream` is implemented: the proxy then serves a streaming request from it,
+    forwarding text as it arrives. Only text-level backends (a passthrough to an upstream API) stream;
+    a learned policy's ids are generated whole and this stays False."""
+
+    def generate_stream(self, prompt_ids: list[int], params: SamplingParams,
+                        ctx: GenerationContext) -> AsyncIterator[TextDelta | Generation]:
+        """Like :meth:`generate`, streamed (only when :attr:`streams_text`): zero or more :class:`TextDelta`
+        as the upstream sends them, then exactly one :class:`Generation` (what :meth:`generate` would
+        return for the same answer), last. Runs on the proxy's event loop, so it must not block; a failure,
+        before or after some deltas, raises :class:`~clawgym_env.errors.PolicyError`."""
+        raise NotImplementedError(f"{type(self).__name__} does not stream; check streams_text first")
 
     def close(self) -> None:  # pragma: no cover  # noqa: B027 - optional hook, a no-op unless overridden
         """Release resources (idempotent)."""

@@ -21,6 +21,12 @@ Invariants:
     when the policy is built, and failure messages are redacted: an upstream that echoes the key in an
     error puts it neither into the agent's view (the proxy's error body) nor into any record;
   * thread safe: one SDK client (thread safe by design), failures kept under a lock;
+  * streaming (:meth:`PassthroughPolicy.generate_stream`, used by the proxy for a streaming request):
+    the upstream is asked with ``stream=True`` through the SDK's async client (one per event loop) and
+    its content/reasoning text is yielded as it arrives; the final :class:`Generation` is built from the
+    same answer fields the non-streaming call reads (content, reasoning, tool calls, finish), so a
+    streamed call is captured exactly as a non-streamed one of the same reply; a stream cut midway is a
+    :class:`PolicyError` remembered like any other upstream failure;
   * sampling: OpenAI gets max_tokens (as ``max_completion_tokens``), temperature, top_p, stop (first
     4) and seed; Anthropic gets max_tokens and stop sequences only (its Messages API, as of the
     pinned SDK, takes no temperature or top_p).
@@ -28,12 +34,15 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 from clawgym_env.errors import PolicyError
-from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
+from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams, TextDelta
 from clawgym_env.policy.chat_format import assistant_text
 from clawgym_env.redact import redact, register_secret
 
@@ -119,7 +128,8 @@ class PassthroughPolicy(PolicyBackend):
     """
 
     def __init__(self, provider: str, model: str, *, base_url: str | None = None, api_key: str | None = None,
-                 tokenizer=None, timeout: float = 300.0, max_retries: int = 2, client: Any = None) -> None:
+                 tokenizer=None, timeout: float = 300.0, max_retries: int = 2, client: Any = None,
+                 async_client: Any = None) -> None:
         if provider not in PROVIDERS:
             raise PolicyError(f"unknown passthrough provider {provider!r}; use one of {list(PROVIDERS)}")
         if not model:
@@ -131,22 +141,18 @@ class PassthroughPolicy(PolicyBackend):
         self._tokenizer = tokenizer
         self._failures: dict[str, list[str]] = {}
         self._lock = threading.Lock()
+        self._api_key, self._timeout, self._max_retries = api_key, timeout, max_retries
+        self._async_given = async_client
+        self._async: dict[int, tuple[asyncio.AbstractEventLoop, Any]] = {}  # id(loop) -> (loop, async client)
+        self._build_async = client is None  # an injected sync client comes without the means to stream
         register_secret(api_key)  # an upstream that echoes the key must not put it into views or records
+        register_secret(getattr(async_client, "api_key", None))
         if client is not None:
             self._client = client
             register_secret(getattr(client, "api_key", None))
             return
         try:
-            if provider == "openai":
-                import openai
-
-                self._client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout,
-                                             max_retries=max_retries)
-            else:
-                import anthropic
-
-                self._client = anthropic.Anthropic(base_url=base_url, api_key=api_key, timeout=timeout,
-                                                   max_retries=max_retries)
+            self._client = self._make_client(asynchronous=False)
         except ImportError as exc:
             raise PolicyError(f"the {provider} SDK is not installed: pip install {provider}") from exc
         except Exception as exc:  # noqa: BLE001 - the SDKs raise their own errors for a missing key
@@ -167,28 +173,85 @@ class PassthroughPolicy(PolicyBackend):
         with self._lock:
             return self._failures.pop(episode_id, [])
 
+    @property
+    def streams_text(self) -> bool:  # type: ignore[override]  # a property over the base's class attribute
+        """True when streaming requests can be served streamed (an async client exists or can be built)."""
+        return self._async_given is not None or self._build_async
+
     def generate(self, prompt_ids: list[int], params: SamplingParams, ctx: GenerationContext) -> Generation:
         """Send the call's messages to the upstream API and re-encode its answer as Qwen3 ids
         (``token_exact=False``, logprobs carrying no information)."""
         try:
-            content, reasoning, calls, finish = (self._openai if self.provider == "openai" else self._anthropic)(
-                ctx, params)
-        except PolicyError as exc:
-            self._remember(ctx.episode_id, str(exc))
-            raise
+            if self.provider == "openai":
+                answer = _openai_answer(self._client.chat.completions.create(**self._openai_kwargs(ctx, params)),
+                                        self.model)
+            else:
+                answer = _anthropic_answer(self._client.messages.create(**self._anthropic_kwargs(ctx, params)))
         except Exception as exc:  # noqa: BLE001 - SDK errors (HTTP, connection, timeout) are policy failures
+            raise self._failed(ctx.episode_id, exc) from exc
+        return self._generation(answer)
+
+    async def generate_stream(self, prompt_ids: list[int], params: SamplingParams,
+                              ctx: GenerationContext) -> AsyncIterator[TextDelta | Generation]:
+        """:meth:`generate`, streamed from the upstream with its async SDK client: text deltas as they arrive,
+        then the same :class:`Generation` the non-streaming call gives for the same answer."""
+        answer = _Answer()
+        try:
+            client = self._async_client()
+            if self.provider == "openai":
+                deltas = _openai_stream(client, self._openai_kwargs(ctx, params), self.model, answer)
+            else:
+                deltas = _anthropic_stream(client, self._anthropic_kwargs(ctx, params), answer)
+            async for delta in deltas:
+                yield delta
+        except Exception as exc:  # noqa: BLE001 - SDK errors (HTTP, connection, timeout, a cut stream)
+            raise self._failed(ctx.episode_id, exc) from exc
+        yield await asyncio.to_thread(self._generation, answer)
+
+    def _failed(self, episode_id: str, exc: Exception) -> PolicyError:
+        """The :class:`PolicyError` for an upstream failure, remembered for the episode."""
+        if isinstance(exc, PolicyError):
+            msg = str(exc)
+        else:
             msg = redact(f"upstream {self.provider} model {self.model!r} failed: {type(exc).__name__}: {exc}")
-            self._remember(ctx.episode_id, msg)
-            raise PolicyError(msg) from exc
-        text = assistant_text(content, reasoning=reasoning, tool_calls=calls)
+        self._remember(episode_id, msg)
+        return exc if isinstance(exc, PolicyError) else PolicyError(msg)
+
+    def _generation(self, answer: _Answer) -> Generation:
+        text = assistant_text(answer.content, reasoning=answer.reasoning, tool_calls=answer.calls)
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=finish, token_exact=False)
+        return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=answer.finish, token_exact=False)
+
+    def _async_client(self) -> Any:
+        """The async SDK client for the running event loop (one per loop: an async client is bound to its loop)."""
+        if self._async_given is not None:
+            return self._async_given
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            for key in [k for k, (other, _) in self._async.items() if other.is_closed()]:
+                del self._async[key]
+            entry = self._async.get(id(loop))
+            if entry is None or entry[0] is not loop:
+                entry = (loop, self._make_client(asynchronous=True))
+                self._async[id(loop)] = entry
+            return entry[1]
+
+    def _make_client(self, *, asynchronous: bool) -> Any:
+        opts: dict[str, Any] = {"base_url": self.base_url, "api_key": self._api_key, "timeout": self._timeout,
+                "max_retries": self._max_retries}
+        if self.provider == "openai":
+            import openai
+
+            return openai.AsyncOpenAI(**opts) if asynchronous else openai.OpenAI(**opts)
+        import anthropic
+
+        return anthropic.AsyncAnthropic(**opts) if asynchronous else anthropic.Anthropic(**opts)
 
     def _remember(self, episode_id: str, message: str) -> None:
         with self._lock:
             self._failures.setdefault(episode_id, []).append(redact(message)[:500])
 
-    def _openai(self, ctx: GenerationContext, params: SamplingParams):
+    def _openai_kwargs(self, ctx: GenerationContext, params: SamplingParams) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": self.model, "messages": openai_messages(ctx.messages),
                                   "max_completion_tokens": params.max_tokens, "temperature": params.temperature,
                                   "top_p": params.top_p}
@@ -198,19 +261,9 @@ class PassthroughPolicy(PolicyBackend):
             kwargs["stop"] = params.stop[:4]
         if params.seed is not None:
             kwargs["seed"] = params.seed
-        resp = self._client.chat.completions.create(**kwargs)
-        if not resp.choices:
-            raise PolicyError(f"upstream {self.model!r} returned no choices")
-        choice = resp.choices[0]
-        msg = choice.message
-        extra = getattr(msg, "model_extra", None) or {}
-        reasoning = extra.get("reasoning_content") or extra.get("reasoning") or None
-        calls = [(tc.function.name, _args(tc.function.arguments)) for tc in (msg.tool_calls or [])
-                 if getattr(tc, "function", None) is not None]
-        finish = "length" if choice.finish_reason == "length" else "stop"
-        return msg.content or "", reasoning if isinstance(reasoning, str) else None, calls, finish
+        return kwargs
 
-    def _anthropic(self, ctx: GenerationContext, params: SamplingParams):
+    def _anthropic_kwargs(self, ctx: GenerationContext, params: SamplingParams) -> dict[str, Any]:
         system, messages, tools = anthropic_request(ctx.messages, ctx.tools)
         if not messages:
             raise PolicyError("nothing to send upstream: the conversation has no user or assistant turn")
@@ -223,15 +276,94 @@ class PassthroughPolicy(PolicyBackend):
         stops = [s for s in params.stop if s.strip()]
         if stops:
             kwargs["stop_sequences"] = stops
-        resp = self._client.messages.create(**kwargs)
-        texts, thinking, calls = [], [], []
-        for block in resp.content:
-            kind = getattr(block, "type", None)
-            if kind == "text":
-                texts.append(block.text)
-            elif kind == "thinking":
-                thinking.append(getattr(block, "thinking", ""))
-            elif kind == "tool_use":
-                calls.append((block.name, dict(block.input or {})))
-        finish = "length" if resp.stop_reason == "max_tokens" else "stop"
-        return "".join(texts), ("\n".join(thinking) if thinking else None), calls, finish
+        return kwargs
+
+
+@dataclasses.dataclass
+class _Answer:
+    """The upstream's answer as the capture reads it (filled in by a stream as it ends)."""
+
+    content: str = ""
+    reasoning: str | None = None
+    calls: list[tuple[str, dict[str, Any] | str]] = dataclasses.field(default_factory=list)
+    finish: str = "stop"
+
+
+def _reasoning(obj: Any) -> str | None:
+    extra = getattr(obj, "model_extra", None) or {}
+    value = extra.get("reasoning_content") or extra.get("reasoning") or None
+    return value if isinstance(value, str) else None
+
+
+def _openai_answer(resp: Any, model: str) -> _Answer:
+    if not resp.choices:
+        raise PolicyError(f"upstream {model!r} returned no choices")
+    choice = resp.choices[0]
+    msg = choice.message
+    calls = [(tc.function.name, _args(tc.function.arguments)) for tc in (msg.tool_calls or [])
+             if getattr(tc, "function", None) is not None]
+    return _Answer(msg.content or "", _reasoning(msg), calls, "length" if choice.finish_reason == "length" else "stop")
+
+
+async def _openai_stream(client: Any, kwargs: dict[str, Any], model: str, answer: _Answer) -> AsyncIterator[TextDelta]:
+    """Chat Completions streamed: yield text as it comes, then fill ``answer`` as :func:`_openai_answer` would."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: dict[int, list[str]] = {}  # index -> [name, arguments so far]
+    finish, chosen = None, False
+    stream = await client.chat.completions.create(**kwargs, stream=True)
+    async with stream:
+        async for chunk in stream:
+            if not chunk.choices:
+                continue
+            choice, chosen = chunk.choices[0], True
+            delta = choice.delta
+            think = _reasoning(delta)
+            if think:
+                reasoning.append(think)
+                yield TextDelta("reasoning", think)
+            if delta.content:
+                content.append(delta.content)
+                yield TextDelta("content", delta.content)
+            for tc in delta.tool_calls or []:
+                slot = calls.setdefault(tc.index, ["", ""])
+                if tc.function is not None:
+                    slot[0] = slot[0] or tc.function.name or ""
+                    slot[1] += tc.function.arguments or ""
+            finish = choice.finish_reason or finish
+    if not chosen:
+        raise PolicyError(f"upstream {model!r} returned no choices")
+    answer.content, answer.reasoning = "".join(content), ("".join(reasoning) if reasoning else None)
+    answer.calls = [(name, _args(args)) for _, (name, args) in sorted(calls.items()) if name]
+    answer.finish = "length" if finish == "length" else "stop"
+
+
+def _anthropic_answer(resp: Any) -> _Answer:
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[tuple[str, dict[str, Any] | str]] = []
+    for block in resp.content:
+        kind = getattr(block, "type", None)
+        if kind == "text":
+            texts.append(block.text)
+        elif kind == "thinking":
+            thinking.append(getattr(block, "thinking", ""))
+        elif kind == "tool_use":
+            calls.append((block.name, dict(block.input or {})))
+    finish = "length" if resp.stop_reason == "max_tokens" else "stop"
+    return _Answer("".join(texts), "\n".join(thinking) if thinking else None, calls, finish)
+
+
+async def _anthropic_stream(client: Any, kwargs: dict[str, Any], answer: _Answer) -> AsyncIterator[TextDelta]:
+    """Messages streamed (the SDK's stream helper): yield text as it comes, then fill ``answer`` from the
+    final message exactly as :func:`_anthropic_answer` reads a non-streamed one."""
+    async with client.messages.stream(**kwargs) as stream:
+        async for event in stream:
+            if event.type == "text" and event.text:
+                yield TextDelta("content", event.text)
+            elif event.type == "thinking" and event.thinking:
+                yield TextDelta("reasoning", event.thinking)
+        final = await stream.get_final_message()
+    done = _anthropic_answer(final)
+    for field in dataclasses.fields(done):
+        setattr(answer, field.name, getattr(done, field.name))

@@ -1,10 +1,12 @@
-"""A tiny random-init Qwen3 for tests and demos: the real architecture, tokenizer and ids, no weights.
+"""A tiny random-init Qwen3 (dense or MoE) for tests and demos: the real architecture, tokenizer and ids, no weights.
 
-Invariants: the model is a ``Qwen3ForCausalLM`` whose embedding covers the real Qwen3 tokenizer
-(``vocab_size`` is ``len(tokenizer)`` rounded up to a multiple of 128; the extra rows are padding no
-backend samples); its special ids are the tokenizer's (``eos`` = ``<|im_end|>``, ``bos``/``pad`` =
-``<|endoftext|>``); equal arguments give bit-identical weights, and building it leaves the global
-torch RNG untouched. It builds in seconds on a CPU and its output is random text.
+Invariants: the model is a ``Qwen3ForCausalLM`` (or, from :func:`build_tiny_qwen3_moe`, a
+``Qwen3MoeForCausalLM`` whose every decoder layer is a sparse mixture of experts) whose embedding
+covers the real Qwen3 tokenizer (``vocab_size`` is ``len(tokenizer)`` rounded up to a multiple of
+128; the extra rows are padding no backend samples); its special ids are the tokenizer's (``eos`` =
+``<|im_end|>``, ``bos``/``pad`` = ``<|endoftext|>``); equal arguments give bit-identical weights, and
+building it leaves the global torch RNG untouched. It builds in seconds on a CPU and its output is
+random text.
 """
 
 from __future__ import annotations
@@ -71,6 +73,57 @@ def build_tiny_qwen3(tokenizer=None, hidden_size: int = 64, num_layers: int = 2,
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = Qwen3ForCausalLM(config)
+    model = model.float().eval()
+    if save_dir is not None:
+        out = Path(save_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(out))
+        tokenizer.save_pretrained(str(out))
+    return model
+
+
+def tiny_qwen3_moe_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, heads: int = 4, kv_heads: int = 2,
+                          experts: int = 4, experts_per_token: int = 2, moe_intermediate: int = 32,
+                          max_position_embeddings: int = 32768):
+    """The ``Qwen3MoeConfig`` of :func:`build_tiny_qwen3_moe`: the dense config's attention and ids, and a
+    routed MoE block (``experts`` experts of width ``moe_intermediate``, top-``experts_per_token``) in every layer."""
+    from transformers import Qwen3MoeConfig
+
+    if not 0 < experts_per_token <= experts:
+        raise PolicyError(f"experts_per_token {experts_per_token} must be in 1..experts ({experts})")
+    dense = tiny_qwen3_config(tokenizer, hidden_size, num_layers, heads, kv_heads, moe_intermediate,
+                              max_position_embeddings)
+    keep = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "max_position_embeddings", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
+    return Qwen3MoeConfig(**{k: getattr(dense, k) for k in keep}, intermediate_size=moe_intermediate,
+                          moe_intermediate_size=moe_intermediate, num_experts=experts,
+                          num_experts_per_tok=experts_per_token, decoder_sparse_step=1, mlp_only_layers=[],
+                          norm_topk_prob=True)
+
+
+def build_tiny_qwen3_moe(tokenizer=None, hidden_size: int = 64, num_layers: int = 2, heads: int = 4,
+                         kv_heads: int = 2, experts: int = 4, experts_per_token: int = 2, moe_intermediate: int = 32,
+                         seed: int = 0, save_dir: str | Path | None = None):
+    """Build a random-init ``Qwen3MoeForCausalLM`` (eval mode, float32, CPU), like :func:`build_tiny_qwen3`.
+
+    transformers holds each layer's experts as fused 3-D parameters (``mlp.experts.gate_up_proj``,
+    ``mlp.experts.down_proj``); ``save_pretrained`` writes them per expert (``mlp.experts.<i>.gate_proj.weight``
+    ...), the layout vLLM and ``from_pretrained`` read.
+    """
+    try:
+        import torch
+        from transformers import Qwen3MoeForCausalLM
+    except ImportError as exc:  # pragma: no cover - optional dependency
+        raise PolicyError("the tiny Qwen3-MoE needs PyTorch: pip install 'clawgym[torch]'") from exc
+    if tokenizer is None:
+        from clawgym_env.policy.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer()
+    config = tiny_qwen3_moe_config(tokenizer, hidden_size, num_layers, heads, kv_heads, experts, experts_per_token,
+                                   moe_intermediate)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = Qwen3MoeForCausalLM(config)
     model = model.float().eval()
     if save_dir is not None:
         out = Path(save_dir)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
@@ -28,7 +28,17 @@ from clawgym_env.proxy.dialects import DIALECTS, DialectModule, DialectName, Dia
 from clawgym_env.proxy.keepalive import Failure, first_wait, keepalive_body
 from clawgym_env.proxy.limits import ClientGone, check_prompt_size, parse_json, read_body
 from clawgym_env.proxy.listeners import EPISODE_STATE_KEY
-from clawgym_env.proxy.sessions import EpisodeSession, Limits, SessionRegistry, TurnMeta, redact_headers, run_turn
+from clawgym_env.proxy.live import LiveStart, LiveTurn
+from clawgym_env.proxy.sessions import (
+    EpisodeSession,
+    Limits,
+    SessionRegistry,
+    TurnMeta,
+    TurnRequest,
+    TurnResult,
+    redact_headers,
+)
+from clawgym_env.proxy.turn import prepare_turn, run_turn
 from clawgym_env.redact import redact
 
 
@@ -94,6 +104,17 @@ def _classify(exc: BaseException, path: str) -> Failure:
         return 400, "the client disconnected before the body was complete", "body", "client_disconnected"
     log.error("internal proxy error", exc_info=exc)
     return 500, f"internal proxy error ({type(exc).__name__}); see the proxy log", None, "internal_error"
+
+
+def _sse(events: Iterator[str]) -> StreamingResponse:
+    """A finished streaming answer (its events rendered whole before the first byte goes out)."""
+    chunks = list(events)
+
+    async def body_iter() -> AsyncIterator[str]:
+        for c in chunks:
+            yield c
+
+    return StreamingResponse(body_iter(), media_type="text/event-stream", headers=_SSE_HEADERS)
 
 
 class ProxyApp:
@@ -210,6 +231,9 @@ class ProxyApp:
         executor = self.server._executor
         if executor is None:
             raise ProxyError("the proxy is shutting down", status=503, code="unavailable")
+        live = getattr(dialect, "live", None)
+        if treq.stream and live is not None and self.server.policy.streams_text:
+            return await self._live(request, session, dialect, live, treq, meta, executor)
         loop = asyncio.get_running_loop()
         try:
             fut = loop.run_in_executor(executor, run_turn, session, self.server.policy, treq, meta,
@@ -220,28 +244,51 @@ class ProxyApp:
         if treq.stream and not await first_wait(fut, self.server.keepalive_s):
             # the turn outlived keepalive_s: 200, keep-alives, then the answer or an in-stream error
             stream = dialect.keepalive(treq, body, model)
-            path = request.url.path
-
-            def classify(exc: BaseException) -> Failure:
-                status, message, field, code = _classify(exc, path)
-                return status, redact(message), field, code
-
-            def note(failure: Failure) -> None:
-                status, message, _, code = failure
-                self._note_failure(request, status, code, message)
-
+            classify, note = self._in_stream_failures(request)
             waiting = keepalive_body(fut, self.server.keepalive_s, stream, classify, note)
             return StreamingResponse(waiting, media_type="text/event-stream", headers=_SSE_HEADERS)
         result = await fut
         if not treq.stream:
             return JSONResponse(dialect.render_response(result, model))
-        chunks = list(dialect.stream_response(result, model))
+        return _sse(dialect.stream_response(result, model))
 
-        async def body_iter():
-            for c in chunks:
-                yield c
+    def _in_stream_failures(self, request: Request) -> tuple[Callable[[BaseException], Failure],
+                                                             Callable[[Failure], None]]:
+        """(classify, note) for failures once a streaming answer has started."""
+        path = request.url.path
 
-        return StreamingResponse(body_iter(), media_type="text/event-stream", headers=_SSE_HEADERS)
+        def classify(exc: BaseException) -> Failure:
+            status, message, field, code = _classify(exc, path)
+            return status, redact(message), field, code
+
+        def note(failure: Failure) -> None:
+            status, message, _, code = failure
+            self._note_failure(request, status, code, message)
+
+        return classify, note
+
+    async def _live(self, request: Request, session: EpisodeSession, dialect: DialectModule, live: Callable,
+                    treq: TurnRequest, meta: TurnMeta, executor: Executor) -> Response:
+        """A streaming request served while a streaming policy's text arrives (:mod:`clawgym_env.proxy.live`)."""
+        policy, keepalive_s = self.server.policy, self.server.keepalive_s
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(executor, prepare_turn, session, policy, treq,
+                                                             self.server.limits)
+        except RuntimeError as exc:  # executor shut down under us
+            raise ProxyError("the proxy is shutting down", status=503, code="unavailable") from exc
+        prep = await fut
+        classify, note = self._in_stream_failures(request)
+        turn = LiveTurn(session, policy, treq, meta, prep, executor, lambda exc: note(classify(exc)))
+        first = await turn.next_item(keepalive_s)
+        if isinstance(first, BaseException):  # nothing sent yet: an HTTP error as for any call
+            raise first
+        model = self.server.model_name
+        if isinstance(first, TurnResult):  # the whole answer came at once: sent as for any call
+            return _sse(dialect.stream_response(first, model))
+        version = session.policy_version if session.policy_version is not None else policy.version
+        writer = live(treq, meta.body, model, LiveStart(len(prep.prompt_ids), policy.name, int(version)))
+        body = turn.body(first, writer, keepalive_s, classify, note)
+        return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
 
     async def _read_json(self, request: Request) -> Any:
         ctype = request.headers.get("content-type")

@@ -30,7 +30,9 @@ DialectName = Dialect
 
 
 class DialectModule(Protocol):
-    """What a dialect module provides (see ``openai_chat`` for the reference)."""
+    """What a dialect module provides (see ``openai_chat`` for the reference). Optionally also
+    ``live(req, body, model, start) -> LiveStream``: then a streaming policy's text is sent as it arrives
+    (see :mod:`clawgym_env.proxy.live`); without it such requests are answered whole, as for any policy."""
 
     def parse_request(self, body: Any) -> TurnRequest:
         """Validate a request body and map it; a malformed one raises a 400 naming the field."""

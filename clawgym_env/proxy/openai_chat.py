@@ -14,6 +14,8 @@ Invariants:
   * ``usage`` counts are the lengths of the recorded prompt and output ids.
   * Keep-alives (:func:`keepalive`) are SSE comment lines, which the SDKs drop; an in-stream error is a
     ``data:`` line holding the error envelope, which the OpenAI SDKs raise as an ``APIError``.
+  * A live answer (:func:`live`, :mod:`~clawgym_env.proxy.live`) sends the chunks :func:`stream_response`
+    sends for the recorded turn, its text chunks cut where the policy's text arrived.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from clawgym_env.proxy.live import Kind, LiveStart, rest
 from clawgym_env.proxy.requests_base import validate_body
 from clawgym_env.proxy.requests_chat import (
     ChatAssistantMessage,
@@ -33,7 +36,7 @@ from clawgym_env.proxy.requests_chat import (
     ChatToolMessage,
 )
 from clawgym_env.proxy.sessions import TurnRequest, TurnResult
-from clawgym_env.proxy.streaming import iter_deltas
+from clawgym_env.proxy.streaming import Delta, iter_deltas
 
 
 def _content(content: Any) -> Any:
@@ -136,19 +139,78 @@ def stream_response(res: TurnResult, model: str) -> Iterator[str]:
 
     yield chunk({"role": "assistant", "content": ""})
     for d in iter_deltas(res.pieces, res.seg):
-        if d.kind == "content":
-            yield chunk({"content": d.text})
-        elif d.kind == "reasoning":
-            yield chunk({"reasoning_content": d.text})
-        elif d.kind == "tool_start":
-            yield chunk({"tool_calls": [{"index": d.index, "id": d.call_id, "type": "function",
-                                         "function": {"name": d.name, "arguments": ""}}]})
-        elif d.kind == "tool_args":
-            yield chunk({"tool_calls": [{"index": d.index, "function": {"arguments": d.text}}]})
+        yield chunk(_delta(d))
+    yield from _tail(res, head, chunk)
+
+
+def _delta(d: Delta) -> dict[str, Any]:
+    """The chunk ``delta`` of one streamed increment."""
+    if d.kind == "content":
+        return {"content": d.text}
+    if d.kind == "reasoning":
+        return {"reasoning_content": d.text}
+    if d.kind == "tool_start":
+        return {"tool_calls": [{"index": d.index, "id": d.call_id, "type": "function",
+                                "function": {"name": d.name, "arguments": ""}}]}
+    return {"tool_calls": [{"index": d.index, "function": {"arguments": d.text}}]}
+
+
+def _tail(res: TurnResult, head: dict[str, Any], chunk: Callable[..., str]) -> Iterator[str]:
+    """The finish chunk, the usage chunk (when asked for) and ``[DONE]``."""
     yield chunk({}, res.finish_reason)
     if res.request.include_usage:
         yield "data: " + json.dumps({**head, "choices": [], "usage": _usage(res)}, ensure_ascii=False) + "\n\n"
     yield "data: [DONE]\n\n"
+
+
+class ChatLive:
+    """Live writer of one chat request (see :mod:`~clawgym_env.proxy.live`): the chunks :func:`stream_response`
+    sends, the text ones as the policy's text arrives."""
+
+    def __init__(self, req: TurnRequest, model: str, start: LiveStart) -> None:
+        self.head_obj: dict[str, Any] = {
+            "id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": req.model or model,
+            "system_fingerprint": f"clawgym-{start.policy_name}-v{start.policy_version}"}
+        if req.include_usage:
+            self.head_obj["usage"] = None
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> str:
+        obj = {**self.head_obj, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
+
+    def tick(self) -> str:
+        """An SSE comment (as :class:`ChatKeepAlive`)."""
+        return ": keep-alive\n\n"
+
+    def head(self) -> str:
+        """The role chunk."""
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def delta(self, kind: Kind, text: str) -> str:
+        """A content or reasoning chunk."""
+        return self._chunk({"content": text} if kind == "content" else {"reasoning_content": text})
+
+    def finish(self, res: TurnResult, sent: dict[Kind, str]) -> Iterator[str]:
+        """The text not sent yet, the tool-call chunks, then :func:`stream_response`'s tail."""
+        fields: tuple[tuple[Kind, str], ...] = (("reasoning", "reasoning_content"), ("content", "content"))
+        for kind, key in fields:
+            text = rest(sent[kind], res.message.get(key) or "", kind)
+            if text:
+                yield self.delta(kind, text)
+        for d in iter_deltas(res.pieces, res.seg):
+            if d.kind in ("tool_start", "tool_args"):
+                yield self._chunk(_delta(d))
+        yield from _tail(res, self.head_obj, self._chunk)
+
+    def error(self, status: int, message: str, field: str | None, code: str | None) -> str:
+        """The error envelope as one data line (as :class:`ChatKeepAlive`)."""
+        return "data: " + json.dumps(error_body(status, message, field, code), ensure_ascii=False) + "\n\n"
+
+
+def live(req: TurnRequest, body: Any, model: str, start: LiveStart) -> ChatLive:
+    """The live writer of a streaming chat request."""
+    return ChatLive(req, model, start)
 
 
 class ChatKeepAlive:

@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from clawgym_env.proxy.dialect_common import JOIN, new_id, reasoning_tokens, split_output, sse
+from clawgym_env.proxy.live import Kind, LiveStart, rest
 from clawgym_env.proxy.openai_chat import error_body as _openai_error_body
 from clawgym_env.proxy.requests_base import bad, validate_body
 from clawgym_env.proxy.requests_responses import (
@@ -298,6 +299,122 @@ class ResponsesKeepAlive:
         return (self._event({"type": "response.failed", "response": failed})
                 + self._event({"type": "error", "code": envelope["code"] or envelope["type"], "message": message,
                                "param": field, "error": envelope}))
+
+
+class ResponsesLive:
+    """Live writer of one Responses request (see :mod:`~clawgym_env.proxy.live`): the events :func:`stream_response`
+    sends, the reasoning and message items opened as the policy's text arrives (same ids to the end); response
+    id, sequence numbers, keep-alives and errors as :class:`ResponsesKeepAlive`'s."""
+
+    def __init__(self, req: TurnRequest, body: dict[str, Any], model: str) -> None:
+        self.ka = ResponsesKeepAlive(req, body, model)
+        self._event = self.ka._event
+        self.tick, self.error = self.ka.tick, self.ka.error
+        self.ids: dict[str, str] = {}  # item type -> id, for the items opened live
+        self.open: str | None = None
+        self.k = -1  # output index of the last item opened
+        self.reasoning = ""
+
+    def head(self) -> str:
+        """``response.created`` and ``response.in_progress`` (once: keep-alives may have sent them)."""
+        return self.tick() if self.ka.seq == 0 else ""
+
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": self.ids[self.open or ""], "output_index": self.k}
+
+    def _add(self, kind: str) -> str:
+        self.k += 1
+        self.open = kind
+        self.ids[kind] = new_id("rs_" if kind == "reasoning" else "msg_")
+        if kind == "reasoning":
+            item = {"id": self.ids[kind], "type": "reasoning", "summary": []}
+            return (self._event({"type": "response.output_item.added", "output_index": self.k, "item": item})
+                    + self._event({"type": "response.reasoning_summary_part.added", **self._where(),
+                                   "summary_index": 0, "part": {"type": "summary_text", "text": ""}}))
+        item = {"id": self.ids[kind], "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return (self._event({"type": "response.output_item.added", "output_index": self.k, "item": item})
+                + self._event({"type": "response.content_part.added", **self._where(), "content_index": 0,
+                               "part": part}))
+
+    def _text(self, text: str) -> str:
+        if self.open == "reasoning":
+            self.reasoning += text
+            return self._event({"type": "response.reasoning_summary_text.delta", **self._where(),
+                                "summary_index": 0, "delta": text})
+        return self._event({"type": "response.output_text.delta", **self._where(), "content_index": 0,
+                            "delta": text, "logprobs": []})
+
+    def _done(self, item: dict[str, Any]) -> str:
+        """The events that close the open item, ``item`` being its final form."""
+        where, out = self._where(), ""
+        if self.open == "reasoning":
+            text = item["summary"][0]["text"]
+            out += self._event({"type": "response.reasoning_summary_text.done", **where, "summary_index": 0,
+                                "text": text})
+            out += self._event({"type": "response.reasoning_summary_part.done", **where, "summary_index": 0,
+                                "part": {"type": "summary_text", "text": text}})
+        else:
+            part = item["content"][0]
+            out += self._event({"type": "response.output_text.done", **where, "content_index": 0,
+                                "text": part["text"], "logprobs": []})
+            out += self._event({"type": "response.content_part.done", **where, "content_index": 0, "part": part})
+        self.open = None
+        return out + self._event({"type": "response.output_item.done", "output_index": self.k, "item": item})
+
+    def _live_reasoning(self) -> dict[str, Any]:
+        item: dict[str, Any] = {"id": self.ids["reasoning"], "type": "reasoning",
+                                "summary": [{"type": "summary_text", "text": self.reasoning}]}
+        if "reasoning.encrypted_content" in (self.ka.body.get("include") or []):
+            item["encrypted_content"] = _ENC + base64.b64encode(self.reasoning.encode("utf-8")).decode("ascii")
+        return item
+
+    def delta(self, kind: Kind, text: str) -> str:
+        """A reasoning-summary or output-text delta, opening (and closing the reasoning) item as needed."""
+        out = ""
+        if kind == "reasoning":
+            if self.open is None and not self.ids:
+                out += self._add("reasoning")
+            return out + (self._text(text) if self.open == "reasoning" else "")
+        if self.open == "reasoning":
+            out += self._done(self._live_reasoning())
+        if self.open is None:
+            out += self._add("message")
+        return out + self._text(text)
+
+    def finish(self, res: TurnResult, sent: dict[Kind, str]) -> Iterator[str]:
+        """The rest of the live items, the items not streamed (function calls), then ``response.completed``."""
+        items = _items(res)
+        for item in items:
+            kind = item["type"]
+            if kind in self.ids:
+                item["id"] = self.ids[kind]
+        for k, item in enumerate(items):
+            kind = item["type"]
+            if kind in self.ids:
+                if self.open == kind:
+                    final = item["summary"][0]["text"] if kind == "reasoning" else item["content"][0]["text"]
+                    text = rest(sent["reasoning" if kind == "reasoning" else "content"], final, kind)
+                    if text:
+                        yield self._text(text)
+                    yield self._done(_public(item))
+                continue
+            if self.open == "reasoning":
+                yield self._done(self._live_reasoning())
+            elif self.open is not None:
+                yield self._done({"id": self.ids["message"], "type": "message", "status": "completed",
+                                  "role": "assistant", "content": [{"type": "output_text", "text": sent["content"],
+                                                                    "annotations": [], "logprobs": []}]})
+            for event in _item_events(k, item):
+                yield self._event(event)
+        final = _response(res, self.ka.model, self.ka.rid, self.ka.created, [_public(i) for i in items])
+        end = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        yield self._event({"type": end, "response": final})
+
+
+def live(req: TurnRequest, body: Any, model: str, start: LiveStart) -> ResponsesLive:
+    """The live writer of a streaming Responses request."""
+    return ResponsesLive(req, body if isinstance(body, dict) else {}, model)
 
 
 def keepalive(req: TurnRequest, body: Any, model: str) -> ResponsesKeepAlive:

@@ -6,7 +6,7 @@ Messages; ``/v1/messages/count_tokens`` is a side route, see :data:`SIDE_ROUTES`
 (and ``/models/{id}``), ``GET /healthz``. A dialect is a module (see ``openai_chat.py``) and one
 entry of :data:`~clawgym_env.proxy.app.DIALECT_ROUTES`; the app (``app.py``) reads the body, looks up
 the episode, lets the dialect parse, runs the dialect-neutral pipeline
-(:func:`~clawgym_env.proxy.sessions.run_turn`) in a worker thread, and lets the dialect render or
+(:func:`~clawgym_env.proxy.turn.run_turn`) in a worker thread, and lets the dialect render or
 stream the result.
 
 Invariants:
@@ -14,7 +14,9 @@ Invariants:
     blocking and runs in a thread pool, so the event loop keeps serving other episodes meanwhile).
     A call is recorded once its response is ready, just before it is sent. A streaming turn still
     running after ``keepalive_s`` gets a 200 and keep-alive events meanwhile, and a failure after that
-    point is an in-stream error event (see :mod:`~clawgym_env.proxy.keepalive`).
+    point is an in-stream error event (see :mod:`~clawgym_env.proxy.keepalive`). The exception: a
+    text-level policy that streams (``policy.streams_text``, a passthrough) is served live, its text sent
+    as it arrives and the call recorded when its stream ends (see :mod:`~clawgym_env.proxy.live`).
   * Every answer is JSON in the dialect's error shape: bad input → 4xx naming the field, an unknown
     token → 404, a policy failure → 502, shutting down → 503; 500 (type ``server_error``) only for a
     genuine bug in the proxy, which is logged with its traceback.

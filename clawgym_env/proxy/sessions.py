@@ -1,4 +1,5 @@
-"""Episodes (the registry behind ``/ep/<token>/``) and the dialect-neutral call pipeline.
+"""Episodes (the registry behind ``/ep/<token>/``) and the types of the dialect-neutral call pipeline
+(the pipeline itself: :mod:`~clawgym_env.proxy.turn`).
 
 Invariants:
   * A token is ``secrets.token_urlsafe(24)``; it is the only key to an episode. Once closed, a token
@@ -6,11 +7,6 @@ Invariants:
     it is a registered secret (:mod:`clawgym_env.redact`), so it never reaches a record or a log.
   * ``EpisodeSession.calls`` is append-only, in completion order, ``calls[i].call_index == i``;
     appends happen under the session's lock, so concurrent calls of one episode are safe.
-  * :func:`run_turn` records exactly the ids the policy was given and the (possibly cut) ids it
-    sampled; the returned text is the decoding of those ids, so ``decode(output_token_ids)`` is what
-    the client receives. Cutting (max_tokens, stop strings) only ever removes a suffix.
-  * The dialect module never touches the policy or the records: it parses a request into a
-    :class:`TurnRequest` and renders a :class:`TurnResult`.
   * Every non-2xx answer the proxy gives for an episode is kept, redacted, in ``session.failures``
     (a :class:`CallFailure` naming the boundary at fault); it stays readable after the close.
   * With ``calls_path`` a session appends each record as one flushed JSON line (file 0600) and keeps
@@ -31,24 +27,11 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from clawgym_env.capture.records import CallRecord, Dialect, dump_record, read_calls
-from clawgym_env.errors import PolicyError, ProxyError
-from clawgym_env.policy.base import (
-    Generation,
-    GenerationContext,
-    PolicyBackend,
-    SamplingOverrides,
-    SamplingParams,
-)
-from clawgym_env.policy.chat_format import normalize_messages
+from clawgym_env.errors import ProxyError
+from clawgym_env.policy.base import SamplingOverrides, SamplingParams
 from clawgym_env.proxy.incremental import PromptCache
-from clawgym_env.proxy.limits import CHARS_PER_TOKEN_BOUND, check_prompt_size
-from clawgym_env.proxy.streaming import (
-    Segmentation,
-    segment,
-    stop_cut,
-    token_bytes,
-    token_pieces,
-)
+from clawgym_env.proxy.limits import CHARS_PER_TOKEN_BOUND
+from clawgym_env.proxy.streaming import Segmentation
 from clawgym_env.redact import forget_secret, redact, register_secret
 from clawgym_env.task import Task
 
@@ -340,93 +323,3 @@ def resolve_sampling(req: TurnRequest, overrides: SamplingOverrides, prompt_len:
     return SamplingParams(max_tokens=max_tokens, temperature=float(pick("temperature", req.temperature, 1.0)),
                           top_p=float(pick("top_p", req.top_p, 1.0)),
                           stop=[stop] if isinstance(stop, str) else list(stop), seed=pick("seed", req.seed, None))
-
-
-def run_turn(session: EpisodeSession, policy: PolicyBackend, req: TurnRequest, meta: TurnMeta,
-             limits: Limits) -> TurnResult:
-    """Render → generate → cut → parse → record. Blocking: call it from a worker thread."""
-    t0 = time.perf_counter()
-    tokenizer = policy.tokenizer
-    check_prompt_size(req.messages, req.tools, limits.max_prompt_chars, limits.max_context)
-    messages = normalize_messages(req.messages)
-    try:
-        # the ids splice_prompt gives, at the cost of what this call appended to an earlier one
-        prompt = session.prompts.prompt(tokenizer, messages, req.tools or None, req.enable_thinking,
-                                        session.snapshot())
-        prompt_ids, token_exact, exact_reason = prompt.ids, prompt.token_exact, prompt.reason
-    except Exception as exc:  # noqa: BLE001 - a template failure is a bad request, not a crash
-        raise ProxyError(f"the chat template could not render these messages: {exc}", field="messages") from exc
-    if len(prompt_ids) >= limits.max_context:
-        raise ProxyError(f"the prompt is {len(prompt_ids)} tokens but the maximum context is {limits.max_context} "
-                         "tokens (prompt plus completion); shorten the conversation", field="messages",
-                         code="context_length_exceeded")
-    params = resolve_sampling(req, session.sampling_overrides, len(prompt_ids), limits)
-    ctx = GenerationContext(episode_id=session.episode_id, messages=messages, tools=list(req.tools),
-                            task=session.task, harness=session.harness)
-    t1 = time.perf_counter()
-    try:
-        gen = policy.generate(list(prompt_ids), params, ctx)
-    except PolicyError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any policy crash is a policy failure (502), not ours
-        raise PolicyError(f"policy {policy.name!r} failed: {type(exc).__name__}: {exc}") from exc
-    t2 = time.perf_counter()
-    if not getattr(gen, "token_exact", True):  # e.g. a passthrough: upstream text re-encoded, not sampled ids
-        token_exact = False
-        exact_reason = "passthrough: text-level" + (f"; {exact_reason}" if exact_reason else "")
-    ids, logprobs, finish = _checked(gen, policy)
-    if len(ids) > params.max_tokens:
-        ids, logprobs, finish = ids[:params.max_tokens], logprobs[:params.max_tokens], "length"
-    pieces = token_pieces(tokenizer, ids)
-    keep = stop_cut(pieces, params.stop) if params.stop else None
-    matched = None
-    if keep is not None:
-        matched = _first_stop("".join(pieces), params.stop)
-        ids, logprobs, finish = ids[:keep], logprobs[:keep], "stop"
-        pieces = token_pieces(tokenizer, ids)
-    seg = segment("".join(pieces))
-    if req.tool_id_prefix != "call_":
-        for call in seg.tool_calls:
-            call.id = req.tool_id_prefix + call.id.removeprefix("call_")
-    parsed = seg.parsed()
-    message = parsed.to_openai_message()
-    if parsed.tool_calls and finish == "stop":
-        finish = "tool_calls"
-    t3 = time.perf_counter()
-    if gen.policy_version:
-        version = gen.policy_version
-    else:
-        version = session.policy_version if session.policy_version is not None else policy.version
-    record = CallRecord(
-        episode_id=session.episode_id, call_index=-1, dialect=meta.dialect, path=meta.path, stream=req.stream,
-        request=meta.body, headers=meta.headers, prompt_token_ids=list(prompt_ids), output_token_ids=ids,
-        output_logprobs=logprobs, finish_reason=finish, response_message=message, sampling=params.as_dict(),
-        policy_name=policy.name, policy_version=int(version), token_exact=token_exact,
-        token_exact_reason=exact_reason, started_at=meta.started_at, ended_at=time.time(),
-        timings={"render_s": t1 - t0, "generate_s": t2 - t1, "parse_s": t3 - t2,
-                 "total_s": max(time.time() - meta.started_at, t3 - t0)})
-    if not session.append(record):
-        raise ProxyError("this episode was closed while the call was in flight", status=404,
-                         code="episode_not_found")
-    raw = token_bytes(tokenizer, ids) if req.want_logprobs else None
-    return TurnResult(req, record, pieces, seg, message, finish, logprobs, raw, matched)
-
-
-def _first_stop(text: str, stops: list[str]) -> str | None:
-    """The stop string occurring earliest in ``text`` (the one :func:`stop_cut` cut at)."""
-    hits = [(text.find(s), i) for i, s in enumerate(stops) if s and s in text]
-    return stops[min(hits)[1]] if hits else None
-
-
-def _checked(gen: Generation, policy: PolicyBackend) -> tuple[list[int], list[float], str]:
-    try:
-        ids = [int(i) for i in gen.token_ids]
-        logprobs = [float(x) for x in gen.logprobs]
-    except (TypeError, ValueError) as exc:
-        raise PolicyError(f"policy {policy.name!r} returned non-numeric tokens or logprobs: {exc}") from exc
-    if len(ids) != len(logprobs):
-        raise PolicyError(f"policy {policy.name!r} returned {len(ids)} tokens but {len(logprobs)} logprobs")
-    if any(i < 0 for i in ids):
-        raise PolicyError(f"policy {policy.name!r} returned a negative token id")
-    finish = gen.finish_reason if gen.finish_reason in ("stop", "length") else "stop"
-    return ids, logprobs, finish

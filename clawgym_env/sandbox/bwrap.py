@@ -34,7 +34,10 @@ Other invariants:
     ``--cap-drop ALL``, a read-only root, a fresh ``/proc`` and a minimal ``/dev``; the only network
     is loopback, plus the relay to ``spec.proxy_socket`` when that is set: the socket is bound
     read-only (no ``chmod``, ``rm`` or replacement from inside; ``connect`` still works) and must be
-    connectable by the sandbox uid (e.g. mode 0666 inside a 0700 folder, as the proxy makes it);
+    connectable by the sandbox uid (e.g. mode 0666 inside a 0700 folder, as the proxy makes it); as
+    root the relay runs once per sandbox and every exec joins its loopback-only network namespace
+    (``--share-net``, see :mod:`clawgym_env.sandbox._bwrap_relay`), else each exec starts its own; a
+    command that cannot be found or run exits 127 or 126;
   * the environment inside is built from scratch (never the host's), see :meth:`BwrapSandbox.env`;
   * bind mounts are applied parents first (sorted by depth), so toolchain paths and the workspace
     may lie under the private HOME; a source the sandbox uid cannot look up on the host (e.g. under
@@ -49,6 +52,7 @@ Other invariants:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import subprocess
@@ -63,6 +67,7 @@ from pathlib import Path, PurePosixPath
 from clawgym_env.errors import SandboxError
 from clawgym_env.sandbox import _hostfs
 from clawgym_env.sandbox._bwrap_files import MountTableFiles
+from clawgym_env.sandbox._bwrap_relay import RelayHolder, holder_possible
 from clawgym_env.sandbox._bwrap_run import _FIX, check_bwrap, killpg, pump, setpriv_prefix, user_args
 from clawgym_env.sandbox._hostside import SCAN_FOR_SECRETS, Cgroup, plan_limits, unreadable_entries
 from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxSpec, sandbox_host_ids
@@ -76,8 +81,11 @@ _RELAY_HOST = Path(__file__).with_name("relay.py")
 _swept: set[str] = set()
 
 
-def _release(root: list[Path], cgroup: Cgroup) -> None:
+def _release(root: list[Path], cgroup: Cgroup, holders: list[RelayHolder]) -> None:
     """Last-resort and normal cleanup; referenced by a finalizer, so it must not reference the sandbox."""
+    for holder in holders:
+        holder.stop()
+    holders.clear()
     cgroup.destroy()
     for d in root:
         if os.getuid() == 0:
@@ -119,12 +127,13 @@ class BwrapSandbox(MountTableFiles, Sandbox):
         self._mounts: list[tuple[str, str, str]] = []  # (kind, host source, target)
         self._tbl: list[tuple[str, Path, bool]] = []  # (target, real host source, writable)
         self._places: dict[str, Path] = {}  # writable place -> host folder
+        self._holders: list[RelayHolder] = []  # the relay holder, when one serves every exec (root)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def __enter__(self) -> BwrapSandbox:
         if self._finalizer is not None:
             raise SandboxError("this BwrapSandbox was already started; create a new one")
-        self._finalizer = weakref.finalize(self, _release, self._dirs, self._cgroup)
+        self._finalizer = weakref.finalize(self, _release, self._dirs, self._cgroup, self._holders)
         try:
             self._start()
         except BaseException:
@@ -182,6 +191,11 @@ class BwrapSandbox(MountTableFiles, Sandbox):
         if self._private:
             self._wrapper = [*self._wrapper, *setpriv_prefix(ids)]
         self._note_disk_limit()
+        if spec.proxy_socket is not None and holder_possible():  # one relay, in a network namespace every exec joins
+            relay = [_inside_python(spec), "-I", "-S", RELAY_PY, str(spec.proxy_port), PROXY_SOCK]
+            holder = RelayHolder(self._bwrap_command, relay, self.env(), str(root))
+            self._holders.append(holder)
+            holder.start()
 
     def _start_private(self, root: Path, ws: Path) -> None:
         """As root: size-limited tmpfs places in a folder only the sandbox uid enters; workspace copied in."""
@@ -302,11 +316,22 @@ class BwrapSandbox(MountTableFiles, Sandbox):
         return env
 
     def command(self, argv: Sequence[str], *, cwd: str | None = None) -> list[str]:
-        """The full host command line (limits wrapper + uid drop + bwrap + relay) for ``argv``."""
+        """The full host command line for ``argv``: limits wrapper + uid drop + bwrap (+ a relay of its own,
+        or, when a relay holder serves the sandbox, ``nsenter`` into its network namespace first)."""
         if self.root is None:
             raise SandboxError("the sandbox is not open; use it as `with BwrapSandbox(spec) as sb:`")
         spec = self.spec
-        cmd = [*self._wrapper, self._bwrap, "--unshare-all", *user_args(spec.unprivileged), "--die-with-parent",
+        if self._holders:
+            return [*self._holders[0].prefix(), *self._bwrap_command(["--share-net"], list(argv), cwd)]
+        if spec.proxy_socket is not None:
+            argv = [_inside_python(spec), "-I", "-S", RELAY_PY, str(spec.proxy_port), PROXY_SOCK, "--", *argv]
+        return self._bwrap_command([], list(argv), cwd)
+
+    def _bwrap_command(self, options: list[str], argv: list[str], cwd: str | None = None) -> list[str]:
+        """Limits wrapper + uid drop + bwrap (with extra ``options``) for ``argv``."""
+        spec = self.spec
+        cmd = [*self._wrapper, self._bwrap, "--unshare-all", *options, *user_args(spec.unprivileged),
+               "--die-with-parent",
                "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev"]
         for p in READ_ONLY_PROC:
             cmd += ["--ro-bind-try", p, p]
@@ -322,9 +347,7 @@ class BwrapSandbox(MountTableFiles, Sandbox):
         for target in masks:
             cmd += ["--remount-ro", target]
         cmd += ["--remount-ro", "/", "--chdir", cwd or spec.workspace_target, "--"]
-        if spec.proxy_socket is not None:
-            cmd += [_inside_python(spec), "-I", "-S", RELAY_PY, str(spec.proxy_port), PROXY_SOCK, "--"]
-        return cmd + list(argv)
+        return cmd + argv
 
     # -- exec -----------------------------------------------------------------------------------
     def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
@@ -333,12 +356,19 @@ class BwrapSandbox(MountTableFiles, Sandbox):
         ``timeout``; output kept up to ``max_output_bytes`` per stream (the tail)."""
         if not argv:
             raise SandboxError("exec needs a non-empty argv")
-        cmd = self.command(argv, cwd=cwd)
+        if self.root is None:
+            raise SandboxError("the sandbox is not open; use it as `with BwrapSandbox(spec) as sb:`")
+        joined: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if self._holders:  # spawned from inside the relay holder's network namespace, which it keeps
+            cmd, joined = self._bwrap_command(["--share-net"], list(argv), cwd), self._holders[0].joined()
+        else:
+            cmd = self.command(argv, cwd=cwd)
         t0 = time.monotonic()
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env(env),
-                                    start_new_session=True, cwd=str(self.root))
+            with joined:
+                proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env(env),
+                                        start_new_session=True, cwd=str(self.root))
         except OSError as e:
             raise SandboxError(f"could not start bwrap: {e}; fix: {_FIX}") from e
         deadline = None if timeout is None else t0 + timeout
@@ -353,8 +383,20 @@ class BwrapSandbox(MountTableFiles, Sandbox):
             if proc.poll() is None:
                 killpg(proc.pid)
             proc.wait()
-        return ExecResult(returncode=proc.returncode, stdout=out, stderr=err, timed_out=timed_out,
-                          wall_s=time.monotonic() - t0)
+        code, err = _not_run(proc.returncode, err)
+        return ExecResult(returncode=code, stdout=out, stderr=err, timed_out=timed_out, wall_s=time.monotonic() - t0)
+
+
+def _not_run(code: int, err: str) -> tuple[int, str]:
+    """A command bwrap could not start is exit 127 (not found) or 126 (not runnable), as a shell (and the
+    per-exec relay, and the Docker backend) report it, instead of bwrap's own exit 1."""
+    last = err.rstrip("\n").rpartition("\n")[2]
+    if code != 1 or not last.startswith("bwrap: execvp "):
+        return code, err
+    name, _, why = last[len("bwrap: execvp "):].rpartition(": ")
+    if why == "No such file or directory":
+        return 127, err + f"command not found: {name}\n"
+    return 126, err + f"cannot run {name}: {why}\n"
 
 
 def _inside_python(spec: SandboxSpec) -> str:

@@ -1,17 +1,20 @@
 """TCP → unix-socket relay, run *inside* a sandbox that has no network.
 
-Usage: ``python3 relay.py PORT SOCKET_PATH -- CMD ARGS...``
+Usage: ``python3 relay.py PORT SOCKET_PATH [-- CMD ARGS...]``
 
 Listens on ``127.0.0.1:PORT``, forwards every connection to the unix socket ``SOCKET_PATH`` (the
 serving proxy, bind-mounted from the host), then runs ``CMD`` as a child and exits with its exit
 code (128+N when a signal N killed it, 127 when it cannot be found, 126 when it cannot be run).
+Without ``CMD`` (server mode: once per sandbox, see ``_bwrap_relay.py`` and the Docker launcher) it
+writes ``ready`` and a newline on its stdout once it listens, then relays until it is killed.
 
 Invariants: the listener is bound and listening before ``CMD`` starts; every relayed TCP connection
 has ``TCP_NODELAY`` (no delayed-ACK stall on multi-piece responses); the relay never outlives the
 command; SIGTERM/SIGINT/SIGHUP are forwarded to it. Standard library only, and only its C-level
 modules (``_socket``, ``_thread``, ``_signal``, ``os``, ``sys``): ``socket``, ``signal`` and
 ``threading`` pull in ``enum``, ``selectors`` and more, which cost more start-up time than the rest of
-the relay, and it starts once per sandboxed command. It runs under whatever Python the sandbox has,
+the relay, and where the sandbox cannot hold one relay for all its commands (bwrap as a non-root user)
+it starts once per sandboxed command. It runs under whatever Python the sandbox has,
 one thread per connection direction.
 """
 
@@ -118,6 +121,10 @@ def main(argv: list) -> int:
         return 2
     listener = _listen(port)
     if not cmd:
+        try:
+            os.write(1, b"ready\n")  # a sandbox holding one relay waits for this line before its first exec
+        except OSError:
+            pass
         _serve(listener, sock_path)
         return 0
     _thread.start_new_thread(_serve, (listener, sock_path))

@@ -1,0 +1,205 @@
+"""Qwen3-MoE (fused 3-D expert parameters in transformers 5) trained with LoRA and fully; the policy's views
+(serving weights, serving copy, save_pretrained, reference, full state) unsharded and under FSDP2 on 2 gloo
+ranks. LoRA on MoE adapts the experts through peft's parameter wrappers; merging them used to crash the
+weight sync with a KeyError on ``mlp.experts``.
+
+Run as a script (``python tests/test_moe.py OUT`` under ``torch.distributed.run``) this file is the worker
+of the 2-rank case.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trainers.policy import PolicyConfig, TrainablePolicy  # noqa: E402
+from trainers.sync import InProcessSync  # noqa: E402
+
+IDS = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32, 38]])
+CASES = (("tiny-moe", 4), ("tiny", 0))
+TIMEOUT_S = 300
+
+
+def _moved(model: str, lora: int) -> TrainablePolicy:
+    """A policy whose trainable weights are moved by a fixed random amount (the same in every process)."""
+    policy = TrainablePolicy(PolicyConfig(model=model, device="cpu", seed=0, lora_rank=lora))
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    return policy
+
+
+def _logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=IDS).logits.float()
+
+
+def _train_step(policy: TrainablePolicy) -> None:
+    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2)
+    logits = policy.causal_lm(input_ids=IDS).logits
+    torch.nn.functional.cross_entropy(logits[0, :-1], IDS[0, 1:]).backward()
+    opt.step()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [4, 0])
+def test_moe_trains_and_syncs_into_a_serving_model(tmp_path, lora):
+    from transformers import AutoModelForCausalLM
+
+    policy = _moved("tiny-moe", lora)
+    if lora:  # the experts themselves carry adapters (peft wraps the fused 3-D parameters)
+        assert any("mlp.experts" in n for n, p in policy.module.named_parameters() if p.requires_grad)
+    sync = InProcessSync.for_policy(policy)
+    before = {n: p.detach().clone() for n, p in policy.module.named_parameters() if p.requires_grad}
+    _train_step(policy)
+    assert any(not torch.equal(before[n], p) for n, p in policy.module.named_parameters() if p.requires_grad)
+    assert sync.push(policy, 1) == 1  # used to raise KeyError: 'model.layers.0.mlp.experts.weight'
+    served = policy.serving_state_dict()
+    base = AutoModelForCausalLM.from_config(policy.causal_lm.config).state_dict()
+    assert {k: tuple(v.shape) for k, v in served.items()} == {k: tuple(v.shape) for k, v in base.items()}
+    policy.module.eval()
+    torch.testing.assert_close(_logits(sync.serving.model), _logits(policy.causal_lm), atol=1e-5, rtol=1e-5)
+    out = policy.save_pretrained(tmp_path / "hf")
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert "model.layers.0.mlp.experts.0.gate_proj.weight" in set(f.keys())  # per-expert layout on disk
+    reloaded = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    torch.testing.assert_close(_logits(reloaded), _logits(policy.causal_lm), atol=1e-5, rtol=1e-5)
+
+
+def _worker(out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")
+    try:
+        found = {}
+        for model, lora in CASES:
+            policy = _moved(model, lora)
+            for block in policy.causal_lm.model.layers:
+                fully_shard(block)
+            fully_shard(policy.module)
+            assert policy.sharded
+            policy.module.eval()
+            got = {"serving": policy.serving_state_dict(), "logits": _logits(policy.module),
+                   "copy": _logits(policy.serving_copy())}
+            policy.save_pretrained(Path(out) / f"hf_{model}")
+            if not lora:
+                policy.freeze_reference()
+                with policy.reference() as ref:
+                    got["reference"] = _logits(ref)
+                policy.load_state_dict(torch.load(Path(out) / "other.pt", weights_only=True))
+                got["loaded"] = policy.state_dict()
+            found[model] = got
+        if dist.get_rank() == 0:
+            torch.save(found, Path(out) / "found.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_sharded_policy_views_match_the_unsharded_policy(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    other = TrainablePolicy(PolicyConfig(model="tiny", device="cpu", seed=9)).state_dict()
+    torch.save(other, tmp_path / "other.pt")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), str(Path(__file__).resolve()), str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"2-rank worker did not finish in {TIMEOUT_S}s: {str(exc.stderr)[-3000:]}")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    found = torch.load(tmp_path / "found.pt", weights_only=True)
+    for model, lora in CASES:
+        policy = _moved(model, lora)
+        policy.module.eval()
+        want, got = _logits(policy.causal_lm), found[model]
+        serving = policy.serving_state_dict()
+        assert serving.keys() == got["serving"].keys()
+        for k in serving:
+            torch.testing.assert_close(got["serving"][k], serving[k], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(got["logits"], want, atol=1e-5, rtol=1e-5)  # the sharded forward
+        torch.testing.assert_close(got["copy"], want, atol=1e-5, rtol=1e-5)
+        saved = AutoModelForCausalLM.from_pretrained(str(tmp_path / f"hf_{model}")).eval()
+        torch.testing.assert_close(_logits(saved), want, atol=1e-5, rtol=1e-5)
+        if not lora:
+            torch.testing.assert_close(got["reference"], want, atol=1e-5, rtol=1e-5)
+            assert got["loaded"].keys() == other.keys()
+            assert all(torch.equal(got["loaded"][k], other[k]) for k in other)
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])
+
+
+def _vllm_missing() -> str | None:
+    from clawgym_env.errors import PolicyError
+    from clawgym_env.policy.vllm_server import vllm_python
+
+    try:
+        vllm_python()
+    except PolicyError as exc:
+        if os.environ.get("CLAWGYM_REQUIRE_VLLM") == "1":
+            raise RuntimeError(f"CLAWGYM_REQUIRE_VLLM=1 but vLLM is missing: {exc}") from exc
+        return f"vLLM is not installed: {exc}"
+    return None
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.skipif(_vllm_missing() is not None, reason=str(_vllm_missing()))
+def test_vllm_serves_the_exported_lora_moe(tmp_path):
+    """A LoRA-trained Qwen3-MoE checkpoint, exported merged, is served by a real vLLM server whose logprobs
+    equal transformers' on the same export (head_dim 32: vLLM's CPU attention has no kernel for 16)."""
+    import dataclasses
+
+    from clawgym_env.policy.base import GenerationContext, SamplingParams
+    from clawgym_env.policy.chat_format import render_prompt_ids
+    from clawgym_env.policy.transformers_backend import TransformersPolicy
+    from clawgym_env.policy.vllm_server import VLLMServer
+    from trainers.checkpoint import save_checkpoint
+    from trainers.export import export_checkpoint
+
+    cfg = PolicyConfig(model="tiny-moe", device="cpu", seed=0, tiny_heads=2, tiny_kv_heads=1, lora_rank=4)
+    policy = TrainablePolicy(cfg)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    save_checkpoint(tmp_path / "run", 1, policy, None, config={"policy": dataclasses.asdict(cfg)})
+    out = export_checkpoint(tmp_path / "run", tmp_path / "hf").out
+    reference = TransformersPolicy.from_pretrained(out, device="cpu")
+    server = VLLMServer(out, max_model_len=2048, enforce_eager=True, log_path=tmp_path / "server.log").start()
+    try:
+        served = server.policy()
+        ids = render_prompt_ids(reference.tokenizer, [{"role": "user", "content": "List the files, please."}])
+        sample = served.generate(ids, SamplingParams(max_tokens=20, temperature=1.0, seed=3), GenerationContext())
+        served.close()
+    finally:
+        server.stop()
+    with torch.no_grad():
+        logits = reference.model(input_ids=torch.tensor([ids + sample.token_ids])).logits
+    logp = torch.log_softmax(logits[0, len(ids) - 1:-1, :len(reference.tokenizer)].float(), dim=-1)
+    expected = logp.gather(1, torch.tensor(sample.token_ids)[:, None])[:, 0].tolist()
+    assert len(sample.token_ids) == 20
+    assert max(abs(a - b) for a, b in zip(expected, sample.logprobs)) < 1e-4

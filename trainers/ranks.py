@@ -1,0 +1,81 @@
+"""What the RL loops share about ranks: policy set-up before and after sharding, rank 0's rollout services.
+
+Invariants of :func:`setup_policy` (the order matters): the KL reference and rank 0's serving copy are
+taken from the plain (unsharded) module, before ``fully_shard`` and before any checkpoint is loaded — the
+reference is the weights the run started from, and the serving engine is built without a collective; then
+the module is sharded (:func:`trainers.distributed.shard_policy`); the caller builds its optimiser after.
+Ranks other than 0 get a :class:`~trainers.distributed.FollowerSync`: ``push`` is called on every rank.
+:func:`rollout_services` starts the runtime (and the Ray fleet) on rank 0 only; other ranks get ``None``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from clawgym_env.errors import PolicyError
+from trainers.distributed import DistConfig, DistInfo, FollowerSync, init_distributed, local_device, shard_policy
+from trainers.policy import PolicyConfig, TrainablePolicy
+from trainers.rollouts import RolloutConfig, rollout_fleet
+from trainers.sync import InProcessSync
+
+
+def check_context(max_context_tokens: int, max_pack_tokens: int | None) -> None:
+    """One call may fill ``max_context_tokens``: a pack limit below it could not hold such a call's tree."""
+    if max_context_tokens <= 0:
+        raise PolicyError(f"max_context_tokens must be positive, got {max_context_tokens}")
+    if max_pack_tokens is not None and max_pack_tokens < max_context_tokens:
+        raise PolicyError(f"max_pack_tokens ({max_pack_tokens}) is smaller than max_context_tokens "
+                          f"({max_context_tokens}); raise max_pack_tokens or lower max_context_tokens")
+
+
+@dataclasses.dataclass
+class RankSetup:
+    """A loop's policy after :func:`setup_policy`, with this rank's place and weight sync."""
+
+    info: DistInfo
+    policy: TrainablePolicy
+    sync: InProcessSync | FollowerSync
+
+    @property
+    def serving(self) -> Any:
+        """Rank 0's serving policy (the rollouts sample from it); an error on other ranks."""
+        if not isinstance(self.sync, InProcessSync):
+            raise PolicyError("only rank 0 serves the policy")
+        return self.sync.serving
+
+
+def setup_policy(config: PolicyConfig, dist: DistConfig, policy: TrainablePolicy | None = None, *,
+                 reference: bool = False, name: str = "trainee", shard: bool = True) -> RankSetup:
+    """Join the process group, build (or take) the policy on this rank's device, take the KL reference
+    (``reference``) and rank 0's serving copy, then shard (module docstring; ``shard=False``: the caller
+    shards later with :func:`trainers.distributed.shard_policy`, e.g. after copying a critic from the policy)."""
+    info = init_distributed(dist.backend, dist.timeout_s)
+    if policy is None:
+        policy = TrainablePolicy(dataclasses.replace(config, device=local_device(config.device, info)))
+    if reference:
+        policy.freeze_reference()
+    sync: InProcessSync | FollowerSync = InProcessSync.for_policy(policy, name=name) if info.is_main \
+        else FollowerSync()
+    if shard:
+        shard_policy(policy, dist)
+    return RankSetup(info, policy, sync)
+
+
+@contextlib.contextmanager
+def rollout_services(setup: RankSetup, *, rollout: RolloutConfig, sandbox: str, out_dir: Path, judge: Any,
+                     max_context_tokens: int) -> Iterator[tuple[Any, Any]]:
+    """``(runtime, fleet or None)`` on rank 0 (its proxy limited to ``max_context_tokens``), ``(None, None)``
+    on the other ranks."""
+    if not setup.info.is_main:
+        yield None, None
+        return
+    from clawgym_env.runtime import Runtime
+
+    with Runtime(setup.serving, sandbox=sandbox, out_dir=out_dir, judge=judge,
+                 max_context_tokens=max_context_tokens) as rt, \
+            rollout_fleet(rollout, setup.serving, sandbox=sandbox, out_dir=out_dir, judge=judge) as fleet:
+        yield rt, fleet
