@@ -125,8 +125,10 @@ def test_shipped_configs_parse():
     from trainers.train import apply_overrides, args_from_config, load_config
 
     root = Path(__file__).resolve().parents[1] / "trainers" / "configs"
-    for name in ("grpo.yaml", "grpo_mix.yaml", "sft.yaml"):
-        path = root / name
+    shipped = sorted(root.glob("*.yaml"))
+    assert {"grpo.yaml", "grpo_mix.yaml", "sft.yaml", "ppo.yaml", "grpo_vllm.yaml", "qwen3_8b_lora_1gpu.yaml",
+            "qwen3_30b_a3b_8gpu.yaml"} <= {p.name for p in shipped}
+    for path in shipped:
         module, args = args_from_config(apply_overrides(load_config(path), []))
         assert args.__class__ is module.Args
 

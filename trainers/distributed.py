@@ -300,13 +300,3 @@ def local_device(device: str, info: DistInfo) -> str:
     if info.distributed and device in ("auto", "", "cuda") and info.device.type == "cuda":
         return str(info.device)
     return device
-
-
-class FollowerSync:
-    """The weight sync of a rank other than 0: it joins the collective gather of the serving weights (the
-    policy's ``serving_state_dict()`` is a collective under FSDP) while rank 0 updates the serving engine."""
-
-    def push(self, policy: Any, version: int) -> int:
-        """Join the gather; returns ``version``."""
-        policy.serving_state_dict()
-        return version

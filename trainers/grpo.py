@@ -51,11 +51,12 @@ from trainers.async_rollouts import AsyncConfig, RolloutAhead, StepBatch, jobs_f
 from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainers.distributed import DistConfig, broadcast_object
 from trainers.evaluation import eval_harnesses, evaluate_harnesses
+from trainers.generation import GenerationConfig
 from trainers.grpo_update import grpo_loss, grpo_update, score_pack
 from trainers.metrics import MetricsLogger, MetricsRow, MetricValue, plot_curves, rollout_metrics
 from trainers.pack_parts import pack_stats
 from trainers.policy import PolicyConfig, TrainablePolicy
-from trainers.ranks import check_context, rollout_services, setup_policy
+from trainers.ranks import check_context, generation_services, rollout_services, setup_policy
 from trainers.rollouts import RolloutConfig, harness_plan, judge_for, run_jobs
 from trainers.summary import TrainSummary
 from trainers.tree_batch import LOSS_NORMS, OVERLONG_MODES, group_summary, make_groups, pack_groups
@@ -155,6 +156,9 @@ class Args:
     set, must be at least this"""
     dist: DistConfig = dataclasses.field(default_factory=DistConfig)
     """data parallelism under ``torchrun --nproc-per-node N`` (see the ``dist.*`` fields)"""
+    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
+    """where the rollouts are sampled: an in-process copy of the policy (``transformers``, default) or vLLM
+    engines synced after every update (``vllm``; see the ``generation.*`` fields)"""
     async_: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
     """``async:`` in a config: ``max_staleness`` > 0 collects the next steps' rollouts while this one trains,
     off-policy by at most that many versions (see the ``async.*`` fields)"""
@@ -263,15 +267,14 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    ranks = setup_policy(args.policy, args.dist, policy, reference=args.kl_coef > 0)
+    ranks = setup_policy(args.policy, args.dist, policy, reference=args.kl_coef > 0,
+                         serve_in_process=args.generation.backend == "transformers")
     main, policy = ranks.info.is_main, ranks.policy
     say = echo if main else (lambda *_: None)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
     start, version = resume(args, policy, optimizer, out, say, reference_taken=True)
     tasks = list(load_suite(args.suite).tasks) if main else []
     eval_tasks = list(load_suite(args.eval_suite).tasks) if args.eval_suite and main else []
-    if version:
-        ranks.sync.push(policy, version)
     metrics = MetricsLogger(out, tensorboard=args.tensorboard, start_step=start) if main else None
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
     bar = None
@@ -290,7 +293,9 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
                                 overlong_penalty=args.overlong_penalty)
     ahead = RolloutAhead(lambda n: StepBatch(n, *collect_groups(args, tasks, n, run)), args.async_, start=start,
                          stop=args.steps, regroup=regroup, rerun=lambda keys: run(jobs_for(keys, tasks)))
-    with rollout_services(ranks, rollout=args.rollout, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge,
+    with generation_services(ranks, args.generation, out, max_context_tokens=args.max_context_tokens,
+                            version=version), \
+            rollout_services(ranks, rollout=args.rollout, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge,
                           max_context_tokens=args.max_context_tokens) as (rt, fleet), \
             ahead if main else contextlib.nullcontext():
         for step in range(start, args.steps + 1):
@@ -321,6 +326,8 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
                 row.update(evaluate_harnesses(rt, eval_tasks, eval_harnesses(args.eval_harness, args.harnesses),
                                               samples=args.eval_samples, sampling=sampling,
                                               concurrency=args.concurrency, pass_threshold=args.pass_threshold))
+            if main:
+                row.update(ranks.sync.step_metrics())  # weight-sync timings, prefix-cache hit rates
             row["step_s"] = time.perf_counter() - t0
             if metrics is not None:
                 last = metrics.log(step, row)

@@ -76,6 +76,9 @@ class PolicyConfig:
     """experts routed per token (top-k) of ``tiny-moe``"""
     tiny_moe_intermediate: int = 32
     """width of each expert's MLP in ``tiny-moe``"""
+    tiny_tie_embeddings: bool = True
+    """the tiny model's output layer shares the input embedding (as small Qwen3 checkpoints do); ``false`` gives it
+    its own copy, which vLLM can update in place (``generation.sync: auto`` restarts engines of tied models)"""
     seed: int = 0
     """seed of the tiny model's initial weights and of LoRA's initialisation"""
     dtype: str = "float32"
@@ -127,6 +130,11 @@ def load_causal_lm(cfg: PolicyConfig, tokenizer):
             model = build_tiny_qwen3_moe(tokenizer, experts=cfg.tiny_experts,
                                          experts_per_token=cfg.tiny_experts_per_token,
                                          moe_intermediate=cfg.tiny_moe_intermediate, **shape)
+        if not cfg.tiny_tie_embeddings:
+            import torch
+
+            model.config.tie_word_embeddings = False
+            model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
         model.config._attn_implementation = cfg.attn_implementation
         return model.to(_dtype(cfg.dtype))
     path = Path(cfg.model).expanduser()

@@ -60,12 +60,13 @@ import torch
 from clawgym_env.errors import PolicyError
 from trainers.async_rollouts import AsyncConfig, RolloutAhead, StepBatch, jobs_for
 from trainers.distributed import DistConfig, broadcast_object, shard_model
+from trainers.generation import GenerationConfig
 from trainers.metrics import MetricsRow
 from trainers.pack_parts import pack_stats
 from trainers.policy import PolicyConfig, TrainablePolicy
 from trainers.ppo_targets import PackTargets, add_reference, forward_pack, gae_targets, loss_weights, prepare
 from trainers.ppo_update import batch_metrics, ppo_loss, update
-from trainers.ranks import check_context, rollout_services, setup_policy
+from trainers.ranks import check_context, generation_services, rollout_services, setup_policy
 from trainers.rollouts import RolloutConfig
 from trainers.summary import TrainSummary
 from trainers.tree_batch import rollout_packs
@@ -146,6 +147,9 @@ class Args:
     set, must be at least this"""
     dist: DistConfig = dataclasses.field(default_factory=DistConfig)
     """data parallelism under ``torchrun --nproc-per-node N`` (see the ``dist.*`` fields)"""
+    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
+    """where the rollouts are sampled: an in-process copy of the policy (``transformers``, default) or vLLM
+    engines synced after every update (``vllm``; see the ``generation.*`` fields)"""
     async_: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
     """``async:`` in a config: ``max_staleness`` > 0 collects the next steps' rollouts while this one trains,
     off-policy by at most that many versions (see the ``async.*`` fields)"""
@@ -240,7 +244,8 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
     torch.manual_seed(args.seed)
     # the reference (initial weights, also when resuming), the serving copy and the critic's copy of the policy
     # are taken from the unsharded module
-    ranks = setup_policy(args.policy, args.dist, policy, reference=args.kl_coef > 0, name="ppo", shard=False)
+    ranks = setup_policy(args.policy, args.dist, policy, reference=args.kl_coef > 0, name="ppo", shard=False,
+                         serve_in_process=args.generation.backend == "transformers")
     main, policy = ranks.info.is_main, ranks.policy
     say = echo if main else (lambda *_: None)
     critic = Critic.for_policy(policy, args.critic, args.value_model, args.value_head_init_std, args.seed)
@@ -258,8 +263,6 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
         say(f"resumed from {loaded['path']} (step {loaded['step']}, version {version})")
     tasks = list(load_suite(args.suite).tasks) if main else []
     eval_tasks = list(load_suite(args.eval_suite).tasks) if args.eval_suite and main else []
-    if version:
-        ranks.sync.push(policy, version)
     metrics = MetricsLogger(out, start_step=start) if main else None
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
     last: MetricsRow = {}
@@ -272,7 +275,9 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
 
     ahead = RolloutAhead(lambda n: StepBatch(n, run(draw_jobs(args, tasks, n)), []), args.async_, start=start,
                          stop=args.steps, rerun=lambda keys: run(jobs_for(keys, tasks)))
-    with rollout_services(ranks, rollout=args.rollout, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge,
+    with generation_services(ranks, args.generation, out, max_context_tokens=args.max_context_tokens,
+                            version=version), \
+            rollout_services(ranks, rollout=args.rollout, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge,
                           max_context_tokens=args.max_context_tokens) as (rt, fleet), \
             ahead if main else contextlib.nullcontext():
         for step in range(start, args.steps + 1):
@@ -312,6 +317,8 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
                 row.update(evaluate_harnesses(rt, eval_tasks, eval_harnesses(args.eval_harness, args.harnesses),
                                               samples=args.eval_samples, sampling=sampling,
                                               concurrency=args.concurrency, pass_threshold=args.pass_threshold))
+            if main:
+                row.update(ranks.sync.step_metrics())  # weight-sync timings, prefix-cache hit rates
             row["step_s"] = time.perf_counter() - t0
             if metrics is not None:
                 last = metrics.log(step, row)

@@ -4,7 +4,7 @@ Invariants of :func:`setup_policy` (the order matters): the KL reference and ran
 taken from the plain (unsharded) module, before ``fully_shard`` and before any checkpoint is loaded — the
 reference is the weights the run started from, and the serving engine is built without a collective; then
 the module is sharded (:func:`trainers.distributed.shard_policy`); the caller builds its optimiser after.
-Ranks other than 0 get a :class:`~trainers.distributed.FollowerSync`: ``push`` is called on every rank.
+Ranks other than 0 get a :class:`~trainers.sync.GatherOnlySync`: ``push`` is called on every rank.
 :func:`rollout_services` starts the runtime (and the Ray fleet) on rank 0 only; other ranks get ``None``.
 """
 
@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import PolicyError
-from trainers.distributed import DistConfig, DistInfo, FollowerSync, init_distributed, local_device, shard_policy
+from trainers.distributed import DistConfig, DistInfo, init_distributed, local_device, shard_policy
+from trainers.generation import GenerationConfig, open_generation
 from trainers.policy import PolicyConfig, TrainablePolicy
 from trainers.rollouts import RolloutConfig, rollout_fleet
-from trainers.sync import InProcessSync
+from trainers.sync import GatherOnlySync, InProcessSync
 
 
 def check_context(max_context_tokens: int, max_pack_tokens: int | None) -> None:
@@ -38,18 +39,22 @@ class RankSetup:
 
     info: DistInfo
     policy: TrainablePolicy
-    sync: InProcessSync | FollowerSync
+    sync: Any
+    """this rank's weight sync: rank 0's :class:`InProcessSync` (or, inside :func:`generation_services`, the
+    sync of ``generation:``: vLLM engines), a gather-only sync on the other ranks; ``push`` on every rank"""
 
     @property
     def serving(self) -> Any:
         """Rank 0's serving policy (the rollouts sample from it); an error on other ranks."""
-        if not isinstance(self.sync, InProcessSync):
+        serving = getattr(self.sync, "serving", None)
+        if serving is None:
             raise PolicyError("only rank 0 serves the policy")
-        return self.sync.serving
+        return serving
 
 
 def setup_policy(config: PolicyConfig, dist: DistConfig, policy: TrainablePolicy | None = None, *,
-                 reference: bool = False, name: str = "trainee", shard: bool = True) -> RankSetup:
+                 reference: bool = False, name: str = "trainee", shard: bool = True,
+                 serve_in_process: bool = True) -> RankSetup:
     """Join the process group, build (or take) the policy on this rank's device, take the KL reference
     (``reference``) and rank 0's serving copy, then shard (module docstring; ``shard=False``: the caller
     shards later with :func:`trainers.distributed.shard_policy`, e.g. after copying a critic from the policy)."""
@@ -58,8 +63,8 @@ def setup_policy(config: PolicyConfig, dist: DistConfig, policy: TrainablePolicy
         policy = TrainablePolicy(dataclasses.replace(config, device=local_device(config.device, info)))
     if reference:
         policy.freeze_reference()
-    sync: InProcessSync | FollowerSync = InProcessSync.for_policy(policy, name=name) if info.is_main \
-        else FollowerSync()
+    sync: InProcessSync | GatherOnlySync = InProcessSync.for_policy(policy, name=name) \
+        if info.is_main and serve_in_process else GatherOnlySync()
     if shard:
         shard_policy(policy, dist)
     return RankSetup(info, policy, sync)
@@ -79,3 +84,23 @@ def rollout_services(setup: RankSetup, *, rollout: RolloutConfig, sandbox: str, 
                  max_context_tokens=max_context_tokens) as rt, \
             rollout_fleet(rollout, setup.serving, sandbox=sandbox, out_dir=out_dir, judge=judge) as fleet:
         yield rt, fleet
+
+
+@contextlib.contextmanager
+def generation_services(setup: RankSetup, config: GenerationConfig, out_dir: Path, *,
+                        max_context_tokens: int, version: int = 0) -> Iterator[Any]:
+    """Serve the policy per ``generation:`` for the run (every rank enters; see
+    :func:`trainers.generation.open_generation`): ``setup.sync`` becomes its sync while inside (vLLM engines
+    are stopped on exit, also on error); with ``backend: transformers`` rank 0's in-process copy is kept.
+    ``version`` > 0 (a resumed run): the policy's weights are served under it before anything samples."""
+    own = setup.sync if isinstance(setup.sync, InProcessSync) else None
+    before = setup.sync
+    with open_generation(config, setup.policy, out_dir, max_context_tokens=max_context_tokens,
+                         in_process=own) as gen:
+        setup.sync = gen
+        try:
+            if version:
+                gen.push(setup.policy, version)
+            yield gen
+        finally:
+            setup.sync = before

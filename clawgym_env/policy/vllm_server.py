@@ -17,7 +17,8 @@ Invariants of :class:`VLLMServer`:
   of the token under the distribution it was drawn from: after temperature/top-p, and the unmodified
   distribution for greedy, as :class:`TransformersPolicy` reports) and ``--generation-config vllm``
   (the model folder's ``generation_config.json`` must not add a hidden top-k or temperature).
-* The child never sees this interpreter's ``PYTHONPATH``/``PYTHONHOME``/``VIRTUAL_ENV``.
+* The child never sees this interpreter's ``PYTHONPATH``/``PYTHONHOME``/``VIRTUAL_ENV`` (with
+  ``worker_extension`` its ``PYTHONPATH`` is exactly :data:`EXTENSION_DIR`).
 
 Weight sync (:meth:`VLLMServer.reload`), options in vLLM 0.32 and what is used here:
 
@@ -31,7 +32,10 @@ Weight sync (:meth:`VLLMServer.reload`), options in vLLM 0.32 and what is used h
   keeps its OLD values, silently. So in-place is only used when the served and the new config are untied.
 * ``restart``: stop the server and start it on the new folder (always correct; costs a full start).
   ``auto`` (the default) picks ``inplace`` when allowed, else ``restart``.
-* Not used: the NCCL/IPC weight-transfer engines behind ``/init_weight_transfer_engine`` +
+* ``collective`` (:mod:`clawgym_env.policy.vllm_collective`, needs ``worker_extension=True``): the trainer
+  broadcasts each tensor over a private gloo/NCCL group into the workers, which reload them in place
+  (no files). Same tied-embedding limit as ``inplace``.
+* Not used: vLLM's own NCCL/IPC weight-transfer engines behind ``/init_weight_transfer_engine`` +
   ``/update_weights`` (GPU-to-GPU broadcast / CUDA IPC, no CPU backend), and LoRA adapters
   (``--enable-lora`` + ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` + ``POST /v1/load_lora_adapter``), which
   fit a trainer that only trains adapters.
@@ -60,6 +64,10 @@ from clawgym_env.policy.vllm_weights import model_config, reload_inplace, ties_e
 VENV_ENV = "CLAWGYM_VLLM_VENV"
 SETUP_HINT = "build it with: bash scripts/vllm_env.sh"
 _LIVE: weakref.WeakSet[VLLMServer] = weakref.WeakSet()
+EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_ext"
+"""The folder put on the server's ``PYTHONPATH`` when ``worker_extension`` is on (torch-only modules)."""
+WORKER_EXTENSION = "clawgym_vllm_ext.WeightReceiverExtension"
+"""The ``--worker-extension-cls`` that receives broadcast weights (:mod:`clawgym_env.policy.vllm_ext`)."""
 
 
 def default_venv() -> Path:
@@ -95,6 +103,9 @@ class VLLMServer:
 
     ``max_model_len`` bounds prompt + completion; ``kv_cache_gib`` is vLLM's CPU KV cache
     (``VLLM_CPU_KVCACHE_SPACE``); ``extra_args`` go to vLLM verbatim; ``env`` adds variables.
+    ``worker_extension``: load :data:`WORKER_EXTENSION` into every worker (the receiving side of
+    :mod:`~clawgym_env.policy.vllm_collective`'s weight broadcast; its folder goes on the server's
+    ``PYTHONPATH``, nothing else of ClawGym does).
     """
 
     def __init__(self, model_dir: str | os.PathLike, *, port: int | None = None, host: str = "127.0.0.1",
@@ -102,7 +113,7 @@ class VLLMServer:
                  dtype: str = "float32", max_model_len: int = 4096, kv_cache_gib: int = 1,
                  enforce_eager: bool = False, dev_mode: bool = True, extra_args: Iterable[str] = (),
                  env: dict[str, str] | None = None, log_path: str | os.PathLike | None = None,
-                 startup_timeout_s: float = 900.0, grace_s: float = 20.0) -> None:
+                 startup_timeout_s: float = 900.0, grace_s: float = 20.0, worker_extension: bool = False) -> None:
         self.model_dir = Path(model_dir).expanduser().resolve()
         self._check_model_dir(self.model_dir)
         self.python = vllm_python(venv)
@@ -116,6 +127,7 @@ class VLLMServer:
         self.dev_mode = dev_mode
         self.extra_args = list(extra_args)
         self.extra_env = dict(env or {})
+        self.worker_extension = worker_extension
         if log_path is None:
             fd, name = tempfile.mkstemp(prefix="clawgym-vllm-", suffix=".log")
             os.close(fd)
@@ -178,6 +190,8 @@ class VLLMServer:
                "--generation-config", "vllm", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
         if self.enforce_eager:
             cmd.append("--enforce-eager")
+        if self.worker_extension:
+            cmd += ["--worker-extension-cls", WORKER_EXTENSION]
         return cmd + self.extra_args
 
     def _child_env(self) -> dict[str, str]:
@@ -190,6 +204,8 @@ class VLLMServer:
         env.setdefault("DO_NOT_TRACK", "1")
         if self.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"
+        if self.worker_extension:
+            env["PYTHONPATH"] = str(EXTENSION_DIR)
         env.update(self.extra_env)
         return env
 
