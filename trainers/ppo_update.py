@@ -20,17 +20,15 @@ from clawgym_env.errors import PolicyError
 from trainers.distributed import all_reduce_sums, balance, broadcast_object, clip_grad_norm, dist_info, slots
 from trainers.metrics import MetricsRow
 from trainers.pack_parts import pack_units
+from trainers.ppo_targets import Args as TargetsArgs
 from trainers.ppo_targets import PackTargets, forward_pack, zero_loss
 from trainers.value import Critic
 
 
-class LossArgs(Protocol):
-    """The fields of :class:`trainers.ppo.Args` the update reads (a protocol: no import of ``trainers.ppo``)."""
+class LossArgs(TargetsArgs, Protocol):
+    """The fields of :class:`trainers.ppo.Args` the update reads: those of the targets
+    (:class:`trainers.ppo_targets.Args`) and the loss's own (a protocol: no import of ``trainers.ppo``)."""
 
-    @property
-    def chunk_size(self) -> int: ...  # noqa: D102 - a config field
-    @property
-    def temperature(self) -> float: ...  # noqa: D102 - a config field
     @property
     def clip_eps(self) -> float: ...  # noqa: D102 - a config field
     @property
@@ -49,17 +47,6 @@ class LossArgs(Protocol):
     def minibatches(self) -> int: ...  # noqa: D102 - a config field
     @property
     def max_grad_norm(self) -> float: ...  # noqa: D102 - a config field
-    # read by forward_pack and prepare (trainers.ppo_targets.Args)
-    @property
-    def gamma(self) -> float: ...  # noqa: D102 - a config field
-    @property
-    def lam(self) -> float: ...  # noqa: D102 - a config field
-    @property
-    def is_clip(self) -> float: ...  # noqa: D102 - a config field
-    @property
-    def loss_norm(self) -> str: ...  # noqa: D102 - a config field
-    @property
-    def normalize_advantages(self) -> bool: ...  # noqa: D102 - a config field
 
 
 def ppo_loss(model, critic: Critic, t: PackTargets, args: LossArgs, denom: float, *, value_only: bool = False,
