@@ -61,7 +61,6 @@ def build_tiny_qwen3(tokenizer=None, hidden_size: int = 64, num_layers: int = 2,
     loads the same model back.
     """
     try:
-        import torch
         from transformers import Qwen3ForCausalLM
     except ImportError as exc:  # pragma: no cover - optional dependency
         raise PolicyError("the tiny Qwen3 needs PyTorch: pip install 'clawgym[torch]'") from exc
@@ -70,16 +69,7 @@ def build_tiny_qwen3(tokenizer=None, hidden_size: int = 64, num_layers: int = 2,
 
         tokenizer = load_tokenizer()
     config = tiny_qwen3_config(tokenizer, hidden_size, num_layers, heads, kv_heads, intermediate)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = Qwen3ForCausalLM(config)
-    model = model.float().eval()
-    if save_dir is not None:
-        out = Path(save_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(str(out))
-        tokenizer.save_pretrained(str(out))
-    return model
+    return _seeded_model(Qwen3ForCausalLM, config, tokenizer, seed, save_dir)
 
 
 def tiny_qwen3_moe_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, heads: int = 4, kv_heads: int = 2,
@@ -111,7 +101,6 @@ def build_tiny_qwen3_moe(tokenizer=None, hidden_size: int = 64, num_layers: int 
     ...), the layout vLLM and ``from_pretrained`` read.
     """
     try:
-        import torch
         from transformers import Qwen3MoeForCausalLM
     except ImportError as exc:  # pragma: no cover - optional dependency
         raise PolicyError("the tiny Qwen3-MoE needs PyTorch: pip install 'clawgym[torch]'") from exc
@@ -121,9 +110,17 @@ def build_tiny_qwen3_moe(tokenizer=None, hidden_size: int = 64, num_layers: int 
         tokenizer = load_tokenizer()
     config = tiny_qwen3_moe_config(tokenizer, hidden_size, num_layers, heads, kv_heads, experts, experts_per_token,
                                    moe_intermediate)
+    return _seeded_model(Qwen3MoeForCausalLM, config, tokenizer, seed, save_dir)
+
+
+def _seeded_model(model_class, config, tokenizer, seed: int, save_dir: str | Path | None):
+    """``model_class(config)`` initialised under ``seed`` (the global RNG untouched), float32, eval mode; saved with
+    the tokenizer into ``save_dir`` when given."""
+    import torch
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
-        model = Qwen3MoeForCausalLM(config)
+        model = model_class(config)
     model = model.float().eval()
     if save_dir is not None:
         out = Path(save_dir)
