@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
+from clawgym_env.capture.records import CallKind, CallRecord
 from clawgym_env.task import Task
 
 
@@ -47,12 +49,29 @@ class HarnessOutput:
     transcript: list[dict] = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass(frozen=True)
+class EpisodeResources:
+    """What one episode of a harness needs on its node (the harness's processes, not the sandbox's files):
+    the fleet schedules episodes so that a node's running episodes fit its CPUs and memory."""
+
+    cpus: float = 0.5
+    """CPU cores one episode keeps busy on average (the harness's own processes; the model runs elsewhere)."""
+    memory_mb: int = 512
+    """Peak resident memory of one episode's process tree, in MiB (measured, with headroom)."""
+
+
+KindVerdict = tuple[CallKind, str] | None
+"""An adapter's verdict on one call: ``(kind, reason)``, or None to leave the call to the structural default."""
+
+
 class HarnessAdapter(abc.ABC):
     """The harness seam. A harness package exports exactly one subclass; it is registered by name in
     :data:`clawgym_env.plugins.harnesses` (entry-point group ``clawgym.harnesses``)."""
 
     name: str = "harness"
     dialect: str = "openai_chat"
+    resources: EpisodeResources = EpisodeResources()
+    """What one episode of this harness needs on its node (see :class:`EpisodeResources`)."""
 
     def install(self, cache_dir: Path | None = None) -> None:
         """Install the harness (idempotent). The reference harness needs nothing."""
@@ -75,3 +94,11 @@ class HarnessAdapter(abc.ABC):
     @abc.abstractmethod
     def read_output(self, stdout: str, stderr: str) -> HarnessOutput:
         """The final answer (None if the harness gave none) from the finished process's output."""
+
+    def call_kinds(self, calls: Sequence[CallRecord]) -> list[KindVerdict]:
+        """Per captured call of one episode (in ``call_index`` order), ``(kind, reason)`` where this harness
+        marks the call itself (its system prompt, tool set, headers such as a subagent id, request shape), or
+        None to leave it to the structural default (:func:`clawgym_env.capture.call_kinds.classify_calls`).
+        Must return exactly ``len(calls)`` items and never raise on what a model made the harness send. The
+        default marks nothing."""
+        return [None] * len(calls)

@@ -37,6 +37,11 @@ EpisodeStatus = Literal["ok", "harness_error", "timeout", "no_final_answer", "re
                         "infra_error"]
 NOT_TASK_OUTCOMES = frozenset({"infra_error", "reward_invalid"})
 """Statuses that carry no task outcome: never trained on, never averaged, counted apart."""
+CallKind = Literal["main", "side", "subagent", "compaction"]
+"""What a call was for in its episode (:mod:`clawgym_env.capture.call_kinds`): the agent's own trajectory
+(``main``), a one-off helper call (``side``: title generation, summaries, safety or quota probes, prompt
+suggestions), a delegated agent's conversation (``subagent``) or a context-compaction call (``compaction``)."""
+CALL_KINDS: tuple[str, ...] = ("main", "side", "subagent", "compaction")
 FailureBoundary = Literal["task", "sandbox", "harness", "proxy", "policy", "grader", "internal"]
 """Where a failure happened (see :mod:`clawgym_env.failures`)."""
 MAX_RECORD_DEPTH = 128
@@ -67,6 +72,12 @@ class CallRecord(BaseModel):
     started_at: float = 0.0
     ended_at: float = 0.0
     timings: dict[str, float] = Field(default_factory=dict)
+    kind: CallKind = Field(default="main", description="what the call was for (see CallKind); set at episode end")
+    kind_reason: str | None = Field(
+        default=None, description="who classified the call and on what evidence (adapter rule or structural default)")
+    discarded_by: int | None = Field(
+        default=None, description="call_index of a later call that re-sent this call's prompt: the harness discarded "
+                                  "this output and retried (a dead leaf, never trained)")
 
 
 class WorkspaceChange(BaseModel):

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clawgym_env.harness import Endpoint, HarnessOutput, LaunchSpec
+from clawgym_env.harness import Endpoint, EpisodeResources, HarnessOutput, LaunchSpec
 from clawgym_env.task import Task
 from harness_adapters.claude_code.stream_json import parse_stream
 from harness_adapters.install import NpmPackage
@@ -73,6 +73,7 @@ class ClaudeCodeAdapter(NpmHarnessAdapter):
     """
 
     name = "claude-code"
+    resources = EpisodeResources(cpus=0.5, memory_mb=384)  # peak tree RSS measured 179-221 MiB
     dialect = "anthropic_messages"
     package = PACKAGE
 

@@ -26,7 +26,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from clawgym_env.harness import Endpoint, HarnessOutput, LaunchSpec
+from clawgym_env.harness import Endpoint, EpisodeResources, HarnessOutput, LaunchSpec
 from clawgym_env.task import Task
 from harness_adapters.codex.config import KEY_ENV, codex_config, parse_events, render_toml
 from harness_adapters.install import NpmPackage
@@ -53,6 +53,7 @@ class CodexAdapter(NpmHarnessAdapter):
     """
 
     name = "codex"
+    resources = EpisodeResources(cpus=0.5, memory_mb=256)  # peak tree RSS measured 80-154 MiB
     dialect = "openai_responses"
     package = PACKAGE
 

@@ -23,7 +23,7 @@ import json
 import math
 
 from clawgym_env.errors import HarnessError
-from clawgym_env.harness import Endpoint, HarnessOutput, LaunchSpec
+from clawgym_env.harness import Endpoint, EpisodeResources, HarnessOutput, LaunchSpec
 from clawgym_env.task import Task
 from harness_adapters.install import NpmPackage
 from harness_adapters.npm import NpmHarnessAdapter
@@ -80,6 +80,7 @@ class OpenClawAdapter(NpmHarnessAdapter):
     """
 
     name = "openclaw"
+    resources = EpisodeResources(cpus=1.0, memory_mb=1792)  # peak tree RSS 1184-1502 MiB; ~10 s CPU at start
     package = PACKAGE
 
     def __init__(self, api: str = "openai-completions", *, context_window: int = 128000, max_tokens: int = 8192,

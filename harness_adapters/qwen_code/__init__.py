@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 
 from clawgym_env.errors import HarnessError
-from clawgym_env.harness import Endpoint, HarnessOutput, LaunchSpec
+from clawgym_env.harness import Endpoint, EpisodeResources, HarnessOutput, LaunchSpec
 from clawgym_env.task import Task
 from harness_adapters.install import NpmPackage
 from harness_adapters.npm import NpmHarnessAdapter
@@ -78,6 +78,7 @@ class QwenCodeAdapter(NpmHarnessAdapter):
     """
 
     name = "qwen-code"
+    resources = EpisodeResources(cpus=0.5, memory_mb=640)  # peak tree RSS measured 315-504 MiB
     dialect = "openai_chat"
     package = PACKAGE
 
