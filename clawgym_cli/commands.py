@@ -8,6 +8,7 @@ commands so that ``clawgym --help`` starts fast.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -141,7 +142,9 @@ def cmd_tree_show(args) -> int:
     """``clawgym tree show``: an outline of a call-tree JSONL or an episode's ``calls.jsonl``; HTML/PNG on request."""
     from clawgym_env.capture.tree_show import show
 
-    print(show(args.file, html_out=args.html, png_out=args.png, decode=not args.no_decode, width=args.width), end="")
+    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")  # kind tags coloured in a terminal only
+    print(show(args.file, html_out=args.html, png_out=args.png, decode=not args.no_decode, width=args.width,
+               colour=colour), end="")
     return 0
 
 

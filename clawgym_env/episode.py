@@ -14,7 +14,9 @@ Invariants:
   * the episode folder is 0700 and every file ClawGym writes in it 0600.
 
 Layout of an episode's folder (``out_dir/<episode_id>/``): ``episode.json`` (the record),
-``calls.jsonl`` (one :class:`CallRecord` per model call), ``workspace/`` (the final workspace,
+``calls.jsonl`` (one :class:`CallRecord` per model call, streamed by the proxy while the harness runs and
+replaced at the end by the same calls labelled with their ``kind`` and ``discarded_by``:
+:func:`~clawgym_env.capture.call_kinds.classify_calls`), ``workspace/`` (the final workspace,
 kept when ``keep_workspace``).
 """
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clawgym_env.capture.call_kinds import classify_calls
 from clawgym_env.capture.records import (
     CallRecord,
     EpisodeRecord,
@@ -195,9 +198,12 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, *, sand
         _apply(record, Verdict("infra_error", "harness", f"the harness could not launch: {exc}"))
     finally:
         calls = proxy.close_episode(session.token)
+    calls = classify_calls(calls, adapter)  # kinds and dead retries: what the trainers may train on
     calls_path = root / "calls.jsonl"
-    if getattr(session, "calls_path", None) is None or not calls_path.exists():
-        write_jsonl(calls_path, calls)
+    if calls or not calls_path.exists():  # the proxy streamed the calls unlabelled: replace them whole
+        tmp = calls_path.with_name(calls_path.name + ".labelled")
+        write_jsonl(tmp, calls)
+        os.replace(tmp, calls_path)
     record.update(num_calls=len(calls), calls_path=str(calls_path))
     if res is not None:
         out = adapter.read_output(res.stdout, res.stderr)

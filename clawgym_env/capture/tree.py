@@ -267,6 +267,8 @@ class CallTree:
             "inexact_calls": [i for i, e in enumerate(exact) if not e],
             "prompt_lengths": [len(c.prompt_token_ids) for c in calls],
             "call_origin": [[c.episode_id, c.call_index] for c in calls],
+            "call_kinds": [c.kind for c in calls],
+            "discarded_calls": [i for i, c in enumerate(calls) if c.discarded_by is not None],
             "build": {"retries": retries, "duplicates": duplicates, "empty_calls": empty,
                       "logprob_conflicts": b.conflicts},
         }

@@ -84,6 +84,10 @@ class TreeMeta(_Frozen):
     """per tree call: its prompt length (call ``c`` owns the tokens at depth >= ``prompt_lengths[c]``)"""
     call_origin: list[tuple[str, int]] = Field(default_factory=list)
     """per tree call: ``(episode_id, call_index)`` of the captured call"""
+    call_kinds: list[str] | None = None
+    """per tree call: its ``CallRecord.kind`` (main, side, subagent, compaction); None in older files"""
+    discarded_calls: list[int] = Field(default_factory=list)
+    """tree call indices whose output the harness discarded and retried (``CallRecord.discarded_by`` set)"""
     build: BuildCounts = Field(default_factory=BuildCounts)
     task_id: str | None = None
     suite: str | None = None

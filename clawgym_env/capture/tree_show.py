@@ -5,6 +5,10 @@ usual multi-turn episode is a single chain); a node with several children opens 
 per child. Segments are abbreviated to their first and last few tokens, decoded by ``tokenizer``
 when one is given (anything with ``decode(ids)``), else shown as ids.
 
+Each node is labelled with the kind of the calls through it (:data:`KIND_COLOURS`: ``main``, ``side``,
+``subagent``, ``compaction``, ``discarded`` for a dead retry, ``shared`` where calls of several kinds pass): a
+tag in the text outline (coloured in a terminal), the left border in HTML, the box edge in the PNG.
+
 Invariants: rendering never changes the tree; the HTML page loads no external asset; the PNG is drawn
 with matplotlib (an optional dependency, imported only by :func:`render_png`).
 """
@@ -19,6 +23,37 @@ from clawgym_env.capture.tree import CallTree, TreeNode
 from clawgym_env.errors import ClawGymError
 
 EDGE_TOKENS = 6  # tokens decoded at each end of an abbreviated segment
+KIND_COLOURS = {"main": "#2b7a2b", "side": "#1f5fbf", "subagent": "#8a3fb0", "compaction": "#c07000",
+                "discarded": "#b00020", "shared": "#777777"}
+"""Colour of each node label (the call kinds of :mod:`~clawgym_env.capture.call_kinds`, plus ``discarded`` and
+``shared``)."""
+_ANSI = {"main": "32", "side": "34", "subagent": "35", "compaction": "33", "discarded": "31", "shared": "90"}
+
+
+def node_kind(tree: CallTree, node: TreeNode) -> str:
+    """The kind of the live calls through ``node`` (dead retries aside): their common kind, ``shared`` when they
+    differ, ``discarded`` when only dead retries pass; ``main`` for trees recorded before calls had kinds."""
+    kinds = tree.meta.call_kinds
+    if kinds is None:
+        return "main"
+    dead = set(tree.meta.discarded_calls)
+    labels = {kinds[c] if c < len(kinds) else "main" for c in node.calls if c not in dead}
+    if not labels:
+        return "discarded"
+    return labels.pop() if len(labels) == 1 else "shared"
+
+
+def kind_counts(tree: CallTree) -> str:
+    """``"main 12, side 2, discarded 1"``: calls per kind (dead retries counted apart), or "" for old trees."""
+    kinds = tree.meta.call_kinds
+    if kinds is None:
+        return ""
+    dead = set(tree.meta.discarded_calls)
+    counts: dict[str, int] = {}
+    for c, k in enumerate(kinds):
+        label = "discarded" if c in dead else k
+        counts[label] = counts.get(label, 0) + 1
+    return ", ".join(f"{k} {counts[k]}" for k in KIND_COLOURS if k in counts)
 
 
 def _ranges(ids: list[int]) -> str:
@@ -79,8 +114,9 @@ def _walk(tree: CallTree):
         stack.extend(fan(node.children, cont)[::-1] if node.children else [])
 
 
-def render_text(tree: CallTree, tokenizer=None, width: int = 100) -> str:
-    """An outline, one line per node: id, token count, sampled count, calls through it, the segment."""
+def render_text(tree: CallTree, tokenizer=None, width: int = 100, colour: bool = False) -> str:
+    """An outline, one line per node: id, kind, token count, sampled count, calls through it, the segment
+    (``colour``: the kind tag in ANSI colours, for a terminal)."""
     st = tree.stats()
     m = tree.meta
     head = (f"call tree {m.tree_id or '?'}  task={m.task_id or '-'} harness={m.harness or '-'} "
@@ -89,11 +125,15 @@ def render_text(tree: CallTree, tokenizer=None, width: int = 100) -> str:
             f"nodes={st.nodes} roots={st.roots} branches={st.branches} leaves={st.leaves} "
             f"tokens {st.captured_tokens} captured → {st.tree_tokens} in tree (×{st.compression_ratio:.2f}) "
             f"sampled={st.sampled_tokens} token_exact={st.token_exact_share:.0%}")
-    lines = [head]
+    lines = [head] + ([f"call kinds: {kind_counts(tree)}"] if kind_counts(tree) else [])
     for node, lead in _walk(tree):
-        text = f"{lead}{_summary(node)}  {abbreviate(node.tokens, tokenizer)}"
+        kind = node_kind(tree, node)
+        tag = f"[{kind}] "
+        text = f"{lead}{tag}{_summary(node)}  {abbreviate(node.tokens, tokenizer)}"
         if width and len(text) > width:
             text = text[: max(width - 1, 10)] + "…"
+        if colour:
+            text = text.replace(tag, f"\033[{_ANSI[kind]}m{tag}\033[0m", 1)
         lines.append(text)
     return "\n".join(lines) + "\n"
 
@@ -133,8 +173,8 @@ def _seg_html(node: TreeNode, lo: int, hi: int, tokenizer) -> str:
     return "".join(out)
 
 
-def _node_html(node: TreeNode, tokenizer, edge: int) -> str:
-    hdr = f'<div class="hdr">{html.escape(_summary(node))}</div>'
+def _node_html(node: TreeNode, tokenizer, edge: int, kind: str = "main") -> str:
+    hdr = f'<div class="hdr">[{kind}] {html.escape(_summary(node))}</div>'
     n = len(node.tokens)
     if n <= 4 * edge:
         body = f'<div class="seg">{_seg_html(node, 0, n, tokenizer)}</div>'
@@ -143,7 +183,7 @@ def _node_html(node: TreeNode, tokenizer, edge: int) -> str:
                  + _seg_html(node, n - edge, n, tokenizer))
         body = (f'<div class="seg">{short}</div><details><summary>show all {n} tokens</summary>'
                 f'<div class="seg">{_seg_html(node, 0, n, tokenizer)}</div></details>')
-    return f'<div class="node">{hdr}{body}</div>'
+    return f'<div class="node" style="border-left-color:{KIND_COLOURS[kind]}">{hdr}{body}</div>'
 
 
 def _chain_html(tree: CallTree, start: int, tokenizer, edge: int) -> str:
@@ -151,7 +191,7 @@ def _chain_html(tree: CallTree, start: int, tokenizer, edge: int) -> str:
     parts, nid = [], start
     while True:
         node = tree.nodes[nid]
-        parts.append(_node_html(node, tokenizer, edge))
+        parts.append(_node_html(node, tokenizer, edge, node_kind(tree, node)))
         if len(node.children) != 1:
             break
         nid = node.children[0]
@@ -169,7 +209,9 @@ def render_html(tree: CallTree, path: str | Path, tokenizer=None, edge: int = ED
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>call tree "
             f"{html.escape(str(tree.meta.tree_id or ''))}</title><style>{_CSS}</style></head><body>"
             + "".join(f"<p class='hdr'>{html.escape(line)}</p>" for line in text_head)
-            + "<p class='hdr'><span class='s'>sampled</span> <span class='c'>context</span></p>"
+            + "<p class='hdr'><span class='s'>sampled</span> <span class='c'>context</span> &nbsp; kinds: "
+            + " ".join(f"<span style='border-left:4px solid {c};padding-left:3px'>{k}</span>"
+                       for k, c in KIND_COLOURS.items()) + "</p>"
             + body + "</body></html>")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -240,7 +282,7 @@ def render_png(tree: CallTree, path: str | Path, dpi: int = 110) -> Path:
             ax.plot(xs, ys, color="#555", lw=1, zorder=1)
         share = sum(n.sampled) / len(n.tokens)
         ax.add_patch(FancyBboxPatch((x, y - 0.3), w, 0.6, boxstyle="round,pad=0.02,rounding_size=0.08",
-                                    fc=cmap(share), ec="#333", lw=0.8, zorder=2))
+                                    fc=cmap(share), ec=KIND_COLOURS[node_kind(tree, n)], lw=1.6, zorder=2))
         label = f"#{n.id}\n{len(n.tokens)} tok"
         if w >= 1.4:
             label += f"\ncalls {_calls_label(n.calls, 14)}"
@@ -258,6 +300,11 @@ def render_png(tree: CallTree, path: str | Path, dpi: int = 110) -> Path:
     cb = fig.colorbar(sm, ax=ax, fraction=0.02, pad=0.01)
     cb.set_label("sampled share of node tokens", fontsize=7)
     cb.ax.tick_params(labelsize=6)
+    from matplotlib.lines import Line2D
+
+    seen = {node_kind(tree, n) for n in tree.nodes}
+    ax.legend(handles=[Line2D([], [], color=c, lw=2, label=k) for k, c in KIND_COLOURS.items() if k in seen],
+              loc="lower right", fontsize=6, title="call kind (box edge)", title_fontsize=6, frameon=False)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -299,7 +346,7 @@ def load_trees(path: str | Path) -> list[CallTree]:
 
 
 def show(path: str | Path, html_out: str | None = None, png_out: str | None = None, decode: bool = True,
-         width: int = 120) -> str:
+         width: int = 120, colour: bool = False) -> str:
     """Text of every tree in ``path``; writes the first tree's HTML/PNG when asked."""
     trees = load_trees(path)
     tok = None
@@ -311,4 +358,4 @@ def show(path: str | Path, html_out: str | None = None, png_out: str | None = No
         render_html(trees[0], html_out, tok)
     if trees and png_out:
         render_png(trees[0], png_out)
-    return "\n".join(render_text(t, tok, width) for t in trees)
+    return "\n".join(render_text(t, tok, width, colour) for t in trees)
