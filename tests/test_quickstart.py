@@ -99,3 +99,29 @@ def test_quickstart_runs_end_to_end_on_a_few_tasks(tmp_path):
         assert (out / png).stat().st_size > 1000, png
     text = "\n".join(lines)
     assert "before SFT: 0.0% (0/4 episodes)" in text and report["verdict"] in text
+
+
+def test_seeds_report_every_seed_and_their_mean(tmp_path, monkeypatch):
+    from trainers import quickstart
+
+    passed = {0: (0, 40, 50), 1: (0, 60, 55), 2: (1, 20, 44)}  # per seed: before SFT, after SFT, after RL (/64)
+    seen = []
+
+    def fake_run(cfg, echo=print):
+        seen.append((cfg.seed, cfg.out_dir, cfg.seeds))
+        ev = {k: {"pass_rate": p / 64, "passed": p, "episodes": 64, "infra_failures": 0}
+              for k, p in zip(("before_sft", "after_sft", "after_rl"), passed[cfg.seed])}
+        return {"eval": ev, "times": {"total_s": 60.0}}
+
+    monkeypatch.setattr(quickstart, "run", fake_run)
+    lines: list[str] = []
+    summary = quickstart.run_seeds(quickstart.Config(out_dir=str(tmp_path), seeds="0,1,2"), echo=lines.append)
+    assert seen == [(s, str(tmp_path / f"seed_{s}"), "") for s in (0, 1, 2)]
+    assert summary["eval"]["after_rl"]["per_seed"] == [50 / 64, 55 / 64, 44 / 64]
+    assert summary["eval"]["after_sft"]["mean"] == pytest.approx(40 / 64)
+    assert summary["rl_gain"]["seeds_improved"] == 3 - 1  # seed 1 got worse: reported, not dropped
+    text = "\n".join(lines)
+    assert "per seed: 40/64, 60/64, 20/64" in text and quickstart.WHAT_IT_MEASURES in text
+    assert json.loads((tmp_path / "quickstart_seeds.json").read_text())["seeds"] == [0, 1, 2]
+    with pytest.raises(SystemExit, match="distinct integers"):
+        quickstart.run_seeds(quickstart.Config(out_dir=str(tmp_path), seeds="1,1"))

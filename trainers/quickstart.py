@@ -39,8 +39,10 @@ FAMILY = Path(__file__).resolve().parents[1] / "tasks" / "families"
 
 @dataclasses.dataclass
 class Config:
-    """The quickstart's settings (each is a ``clawgym quickstart --flag``)."""
+    """The quickstart's settings (each is a ``clawgym quickstart --flag``; ``--seeds 0,1,2`` runs once per seed
+    and reports the mean over them, as the README's figures do)."""
     out_dir: str = "runs/quickstart"
+    seeds: str = ""
     train_suite: str = str(FAMILY / "count_errors_train")
     heldout_suite: str = str(FAMILY / "count_errors_heldout")
     harness: str = "mini"
@@ -226,6 +228,44 @@ def _verdict(sft_ev: dict[str, Any], rl_ev: dict[str, Any]) -> str:
     return f"RL did NOT improve over SFT on held-out tasks: {diff}."
 
 
+def run_seeds(cfg: Config, echo=print) -> dict[str, Any]:
+    """The quickstart once per seed of ``cfg.seeds`` (``"0,1,2"``), each in ``<out_dir>/seed_<s>``, then the mean
+    and the range of every held-out pass rate over the seeds (``<out_dir>/quickstart_seeds.json``). Every seed
+    of the list is reported, never the best one."""
+    seeds = [int(x) for x in cfg.seeds.split(",") if x.strip()]
+    if len(seeds) != len(set(seeds)) or not seeds:
+        raise SystemExit(f"--seeds {cfg.seeds!r}: give distinct integers, e.g. --seeds 0,1,2")
+    runs: list[dict[str, Any]] = []
+    for s in seeds:
+        echo(f"[quickstart] === seed {s} ({len(runs) + 1}/{len(seeds)}) ===")
+        runs.append(run(dataclasses.replace(cfg, seed=s, seeds="", out_dir=str(Path(cfg.out_dir) / f"seed_{s}")),
+                        echo))
+    summary: dict[str, Any] = {"seeds": seeds, "measures": WHAT_IT_MEASURES, "eval": {}}
+    echo("")
+    echo(f"== quickstart over seeds {seeds}: held-out pass rate, mean [min, max] over the seeds")
+    for key, label in (("before_sft", "before SFT"), ("after_sft", "after SFT "), ("after_rl", "after RL  ")):
+        rates = [r["eval"][key]["pass_rate"] or 0.0 for r in runs]
+        passed = [r["eval"][key]["passed"] for r in runs]
+        episodes = [r["eval"][key]["episodes"] for r in runs]
+        summary["eval"][key] = {"mean": sum(rates) / len(rates), "per_seed": rates, "passed": passed,
+                                "episodes": episodes}
+        echo(f"   {label}: {sum(rates) / len(rates):.1%} [{min(rates):.1%}, {max(rates):.1%}]  "
+             f"per seed: {', '.join(f'{p}/{n}' for p, n in zip(passed, episodes))}")
+    gains = [r["eval"]["after_rl"]["pass_rate"] - r["eval"]["after_sft"]["pass_rate"] for r in runs
+             if r["eval"]["after_rl"]["episodes"] and r["eval"]["after_sft"]["episodes"]]
+    summary["rl_gain"] = {"mean": sum(gains) / len(gains) if gains else None, "per_seed": gains,
+                          "seeds_improved": sum(g > 0 for g in gains)}
+    if gains:
+        echo(f"   RL - SFT: mean {sum(gains) / len(gains):+.1%}; RL was ahead on {sum(g > 0 for g in gains)} of "
+             f"{len(gains)} seeds")
+    echo(f"   {WHAT_IT_MEASURES}")
+    summary["wall_s"] = sum(r["times"]["total_s"] for r in runs)
+    path = Path(cfg.out_dir) / "quickstart_seeds.json"
+    path.write_text(json.dumps(summary, indent=2))
+    echo(f"   wall time {summary['wall_s'] / 60:.1f} min; report {path}")
+    return summary
+
+
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """One ``--flag`` per :class:`Config` field."""
     for f in dataclasses.fields(Config):
@@ -236,7 +276,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def main_args(args: argparse.Namespace) -> int:
     """Run the quickstart from parsed arguments."""
-    run(Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)}))
+    cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
+    (run_seeds if cfg.seeds else run)(cfg)
     return 0
 
 
