@@ -25,6 +25,8 @@ Invariants:
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -43,6 +45,8 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of ``a`` and ``b`` (binary search over slice comparisons)."""
     lo, hi = 0, min(len(a), len(b))
     a, b = list(a), list(b)
+    if a[:hi] == b[:hi]:  # the usual case in one conversation: the shorter one is a prefix
+        return hi
     while lo < hi:  # invariant: a[:lo] == b[:lo]; the answer is in [lo, hi]
         mid = (lo + hi + 1) // 2
         if a[lo:mid] == b[lo:mid]:
@@ -52,15 +56,22 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+def _digest(ids: Sequence[int]) -> tuple[int, bytes]:
+    """(length, 32-byte digest) of a token sequence: equal for equal sequences, and small to keep per call."""
+    h = hashlib.blake2b(digest_size=32)
+    h.update(array("q", ids).tobytes())
+    return len(ids), h.digest()
+
+
 def find_discarded(calls: Sequence[CallRecord]) -> dict[int, int]:
     """``{call_index of j: call_index of k}`` for every call ``j`` whose exact prompt a later call ``k`` (the first
     one) sent again: the harness discarded ``j``'s answer and retried (see the module invariants)."""
-    last_seen: dict[tuple[int, ...], int] = {}
+    last_seen: dict[tuple[int, bytes], int] = {}
     out: dict[int, int] = {}
     for c in calls:
         if not c.prompt_token_ids:
             continue
-        key = tuple(c.prompt_token_ids)
+        key = _digest(c.prompt_token_ids)
         earlier = last_seen.get(key)
         if earlier is not None:
             out[earlier] = c.call_index
