@@ -1,18 +1,25 @@
-"""Rollout throughput, threads vs Ray: episodes/s of the same batch on 1 and 2 local Ray "nodes".
+"""Rollout scaling, threads vs Ray: 1, 2, 4, 8, 16 concurrent episodes of the same batch, side by side.
 
-    python bench/bench_fleet.py [--tasks 8] [--samples 2] [--per-node 2] [--harness mini] [--policy scripted:expert]
+    python bench/bench_fleet.py [--levels 1,2,4,8,16] [--rounds 2] [--harness mini] [--policy scripted:expert]
 
-Runs ``--tasks`` builtin tasks x ``--samples`` through the ``mini`` harness and the scripted expert
-four ways, each after a warm-up episode (policy, tokenizer and workers already loaded, so only the
-rollouts are timed): the threads backend at ``--per-node`` and at twice that, and a
-:class:`~clawgym_env.fleet.RayFleet` on a local ``ray.cluster_utils.Cluster`` of one node and of two
-nodes (``--per-node`` episodes each, ``--node-cpus`` CPUs each). On one machine the "nodes" share
-its cores, so two nodes measure the fleet's overhead and scheduling, not more hardware.
+For each concurrency level ``k`` a batch of ``k x --rounds`` builtin-task episodes (``--harness``, the
+scripted expert) runs twice, back to back: on the threads backend (``RolloutPool``, ``k`` threads, one
+serving proxy) and on a :class:`~clawgym_env.fleet.RayFleet` whose one local node (``--node-cpus``
+logical CPUs) runs ``k`` episodes at once. Policy, tokenizer and workers are loaded and a warm-up episode
+run before each timed batch, so only the rollouts are timed.
 
-Printed per case (one JSON object per line, then a table): episodes/s, wall time, mean episode
-``wall_s``, the slot-time overhead per episode (``wall x slots / episodes - mean wall_s``: what the
-backend adds around each episode while slots are busy), machine CPU utilisation (from /proc/stat,
-all processes: another load on the machine shows up here), and the statuses.
+Printed per case (one JSON object per line, then a table):
+
+* ``ep/min`` and ``eff``: episodes per minute, and that over ``k`` times the same backend's ``k = 1``
+  rate (1.0 = linear scaling; it falls once the machine's cores are saturated);
+* ``cpu``: machine CPU utilisation over the batch, from /proc/stat (all processes: other load on the
+  machine shows up here);
+* ``ep s``: mean episode ``wall_s`` (the episode's own time: sandbox, harness, grading);
+* ``slot ms``: what the backend adds per episode while its slots are busy
+  (``wall x k / episodes - mean wall_s``; includes the batch's tail, when fewer than ``k`` run);
+* ``ray ms``: the Ray backend's own overhead per episode, ``fleet_s - wall_s`` (from dispatch by the
+  scheduler to its result back on the driver, minus the episode's own time: the actor call, moving the
+  task, adapter and records through Ray, and the worker's bookkeeping).
 """
 
 from __future__ import annotations
@@ -37,31 +44,33 @@ def _cpu_ticks() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def _measure(name: str, slots: int, run: Callable[[], list[Any]]) -> dict[str, Any]:
+def _measure(backend: str, slots: int, run: Callable[[], list[Any]]) -> dict[str, Any]:
     busy0, total0 = _cpu_ticks()
     t0 = time.perf_counter()
     results = run()
     wall = time.perf_counter() - t0
     busy1, total1 = _cpu_ticks()
     ep_wall = statistics.mean(r.record.wall_s or 0.0 for r in results)
-    return {"case": name, "episodes": len(results), "slots": slots, "wall_s": round(wall, 2),
-            "episodes_per_s": round(len(results) / wall, 3), "episodes_per_min": round(60 * len(results) / wall, 1),
-            "mean_episode_s": round(ep_wall, 2),
-            "overhead_ms_per_episode": round(1000 * (wall * slots / len(results) - ep_wall), 1),
+    fleet = [r.record.timings["fleet_s"] - r.record.wall_s for r in results if "fleet_s" in r.record.timings]
+    return {"backend": backend, "k": slots, "episodes": len(results), "wall_s": round(wall, 2),
+            "episodes_per_min": round(60 * len(results) / wall, 2), "mean_episode_s": round(ep_wall, 2),
+            "slot_overhead_ms": round(1000 * (wall * slots / len(results) - ep_wall), 1),
+            "ray_overhead_ms": round(1000 * statistics.mean(fleet), 1) if fleet else None,
             "cpu_util": round((busy1 - busy0) / max(total1 - total0, 1), 3),
             "statuses": dict(Counter(r.record.status for r in results))}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", type=int, default=8, help="builtin tasks in the batch")
-    ap.add_argument("--samples", type=int, default=2)
-    ap.add_argument("--per-node", type=int, default=2, help="episodes at once per node (threads: per 'node')")
-    ap.add_argument("--node-cpus", type=int, default=2, help="CPUs each local Ray node declares")
+    ap.add_argument("--levels", default="1,2,4,8,16", help="concurrency levels k (comma-separated)")
+    ap.add_argument("--rounds", type=int, default=2, help="episodes per slot: each batch has k x rounds episodes")
+    ap.add_argument("--node-cpus", type=int, default=16, help="logical CPUs the local Ray node declares")
     ap.add_argument("--harness", default="mini")
     ap.add_argument("--policy", default="scripted:expert")
     ap.add_argument("--skip-threads", action="store_true")
+    ap.add_argument("--skip-ray", action="store_true")
     args = ap.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
 
     import ray
     from ray.cluster_utils import Cluster
@@ -70,40 +79,46 @@ def main() -> None:
     from clawgym_env.plugins import load_suite, make_harness
     from clawgym_env.runtime import RolloutPool, Runtime
 
-    tasks = load_suite("builtin").tasks[:args.tasks]
+    all_tasks = load_suite("builtin").tasks
     adapter = make_harness(args.harness)
     rows: list[dict[str, Any]] = []
+
+    def emit(row: dict[str, Any]) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
     with tempfile.TemporaryDirectory(prefix="cg-bench-fleet-") as out:
-        if not args.skip_threads:
-            with Runtime(args.policy, out_dir=Path(out) / "threads") as rt:
-                rt.run(tasks[0], adapter)  # warm-up
-                for k in (1, 2):
-                    slots = k * args.per_node
-                    pool = RolloutPool(rt, concurrency=slots, progress=False)
-                    rows.append(_measure(f"threads x{slots}", slots,
-                                         functools.partial(pool.run, tasks, adapter, samples=args.samples)))
-                    print(json.dumps(rows[-1]), flush=True)
-        for nodes in (1, 2):
+        cluster = None
+        if not args.skip_ray:
             cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": args.node_cpus})
-            for _ in range(nodes - 1):
-                cluster.add_node(num_cpus=args.node_cpus)
             ray.init(address=cluster.address, log_to_driver=False)
-            try:
-                cfg = FleetConfig(policy=args.policy, out_dir=str(Path(out) / f"ray{nodes}"),
-                                  max_episodes_per_node=args.per_node, episode_cpus=args.node_cpus / args.per_node)
-                with RayFleet(cfg) as fleet:
-                    assert len(fleet.workers) == nodes, [w.info for w in fleet.workers]
-                    fleet.run(tasks[:1], adapter, samples=nodes)  # warm-up: every worker's first episode
-                    rows.append(_measure(f"ray {nodes} node(s) x{args.per_node}", nodes * args.per_node,
-                                         functools.partial(fleet.run, tasks, adapter, samples=args.samples)))
-                    print(json.dumps(rows[-1]), flush=True)
-            finally:
+        try:
+            with Runtime(args.policy, out_dir=Path(out) / "threads") as rt:
+                rt.run(all_tasks[0], adapter)  # warm-up: policy, tokenizer, proxy
+                for k in levels:
+                    tasks = [all_tasks[i % len(all_tasks)] for i in range(k * args.rounds)]
+                    if not args.skip_threads:
+                        pool = RolloutPool(rt, concurrency=k, progress=False)
+                        emit(_measure("threads", k, functools.partial(pool.run, tasks, adapter)))
+                    if cluster is not None:
+                        cfg = FleetConfig(policy=args.policy, out_dir=str(Path(out) / f"ray{k}"),
+                                          max_episodes_per_node=k, episode_cpus=args.node_cpus / max(levels))
+                        with RayFleet(cfg) as fleet:
+                            fleet.run(tasks[:1], adapter)  # warm-up: the worker's first episode
+                            emit(_measure("ray", k, functools.partial(fleet.run, tasks, adapter)))
+        finally:
+            if cluster is not None:
                 ray.shutdown()
                 cluster.shutdown()
-    print(f"\n{'case':<24} {'ep/s':>6} {'ep/min':>7} {'wall s':>7} {'ep s':>6} {'ovh ms':>7} {'cpu':>5}  statuses")
+    base = {r["backend"]: r["episodes_per_min"] for r in rows if r["k"] == levels[0]}
+    print(f"\n{'backend':<8} {'k':>3} {'eps':>4} {'ep/min':>7} {'eff':>5} {'cpu':>5} {'wall s':>7} {'ep s':>6} "
+          f"{'slot ms':>8} {'ray ms':>7}  statuses")
     for r in rows:
-        print(f"{r['case']:<24} {r['episodes_per_s']:>6} {r['episodes_per_min']:>7} {r['wall_s']:>7} "
-              f"{r['mean_episode_s']:>6} {r['overhead_ms_per_episode']:>7} {r['cpu_util']:>5}  {r['statuses']}")
+        eff = r["episodes_per_min"] / (r["k"] / levels[0] * base[r["backend"]]) if base.get(r["backend"]) else 0.0
+        ray_ms = "-" if r["ray_overhead_ms"] is None else r["ray_overhead_ms"]
+        print(f"{r['backend']:<8} {r['k']:>3} {r['episodes']:>4} {r['episodes_per_min']:>7} {eff:>5.2f} "
+              f"{r['cpu_util']:>5} {r['wall_s']:>7} {r['mean_episode_s']:>6} {r['slot_overhead_ms']:>8} "
+              f"{ray_ms:>7}  {r['statuses']}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,18 @@
-"""Sandbox latency: median time of create+exec(true)+close, and of one exec(true), with and without the relay.
+"""Sandbox start-up: create / exec(true) / close, bwrap vs Docker, cold vs pooled, side by side in one run.
 
-Usage: ``python bench/bench_sandbox.py [-n 20] [--backend bwrap]``
+Usage: ``python bench/bench_sandbox.py [-n 5] [--backends bwrap,docker] [--pool 2]``
 
-The relay case binds a listening unix socket as the proxy (nothing is sent through it: this
-measures start-up cost only). Besides wall-clock medians it prints the CPU time (this process and
-its children) per create+exec(true)+close, which a loaded machine disturbs much less than wall time.
+Every case runs ``n`` times (min and median printed, in ms):
+  * ``create``: ``__enter__`` (what an episode waits for before its harness can start);
+  * ``exec(true)``: the first command in the fresh sandbox;
+  * ``close``: ``close()`` (container removed, workspace copied back);
+  * ``total``: the three together; ``CPU``: CPU time of this process and its children per total.
+Cases: bwrap without and with the proxy relay, Docker with the relay cold, and Docker with the relay
+from a :class:`~clawgym_env.sandbox.docker_pool.DockerPool` (``--pool`` warm containers; the bench
+waits until one is warm before each start, so ``create`` is the hand-out; the container itself is
+still created, in the pool's threads: a pool moves that cost off the episode's path, it does not
+remove it). The relay cases bind a listening unix socket as the proxy (nothing is sent through it).
+A case whose backend cannot run here is printed as skipped, with the reason.
 """
 
 from __future__ import annotations
@@ -15,9 +23,11 @@ import socket
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from clawgym_env.sandbox import SandboxSpec, get_backend
+from clawgym_env.errors import SandboxError
+from clawgym_env.sandbox import Sandbox, SandboxSpec, get_backend
 
 
 def _cpu_s() -> float:
@@ -25,49 +35,89 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def bench(backend: str, n: int, proxy: Path | None) -> tuple[float, float, float]:
-    cls = get_backend(backend)
-    with tempfile.TemporaryDirectory(prefix="cg-bench-") as ws:
-        spec = SandboxSpec(workspace_host=Path(ws), proxy_socket=proxy)
-        cold, warm = [], []
-        with cls(spec) as sb:  # first start also pays for the one-off availability probe
-            sb.exec(["true"])
-        cpu0 = _cpu_s()
-        for _ in range(n):
-            t0 = time.perf_counter()
-            with cls(spec) as sb:
-                res = sb.exec(["true"])
-            cold.append(time.perf_counter() - t0)
-            assert res.ok, res
-        cpu = (_cpu_s() - cpu0) / n
-        with cls(spec) as sb:
-            for _ in range(n):
-                t0 = time.perf_counter()
-                res = sb.exec(["true"])
-                warm.append(time.perf_counter() - t0)
-                assert res.ok, res
-    return statistics.median(cold), statistics.median(warm), cpu
+def measure(make: Callable[[], Sandbox], n: int, before: Callable[[], None] = lambda: None) -> dict[str, list[float]]:
+    """``n`` rounds of create, exec(true), close (after ``before()``, not timed); seconds per phase."""
+    out: dict[str, list[float]] = {"create": [], "exec(true)": [], "close": [], "total": [], "CPU": []}
+    for _ in range(n):
+        before()
+        cpu0, t0 = _cpu_s(), time.perf_counter()
+        sb = make()
+        entered = sb.__enter__()
+        t1 = time.perf_counter()
+        res = entered.exec(["true"])
+        t2 = time.perf_counter()
+        sb.close()
+        t3 = time.perf_counter()
+        assert res.ok, res
+        for key, value in (("create", t1 - t0), ("exec(true)", t2 - t1), ("close", t3 - t2), ("total", t3 - t0),
+                           ("CPU", _cpu_s() - cpu0)):
+            out[key].append(value)
+    return out
+
+
+def _maker(cls: type[Sandbox], spec: SandboxSpec) -> Callable[[], Sandbox]:
+    return lambda: cls(spec)
+
+
+def cases(backends: list[str], pool_size: int, ws: Path, sock: Path, n: int):
+    """(label, result or the reason it was skipped) for every case."""
+    plain, relayed = SandboxSpec(workspace_host=ws), SandboxSpec(workspace_host=ws, proxy_socket=sock)
+    for backend in backends:
+        specs = [("without relay", plain), ("with relay", relayed)] if backend == "bwrap" else [("with relay", relayed)]
+        for label, spec in specs:
+            try:
+                cls = get_backend(backend)
+                with cls(spec) as sb:  # warm-up: the one-off availability probe, the image, imports
+                    sb.exec(["true"])
+                yield f"{backend} {label}, cold", measure(_maker(cls, spec), n)
+            except SandboxError as exc:
+                yield f"{backend} {label}, cold", f"skipped: {str(exc)[:100]}"
+        if backend == "docker" and pool_size:
+            from clawgym_env.sandbox.docker_pool import DockerPool
+
+            try:
+                with DockerPool(pool_size) as pool:
+                    pool.prewarm(relayed)
+
+                    def warm(pool=pool) -> None:
+                        deadline = time.monotonic() + 120
+                        while pool.warm_count(relayed) < 1 and time.monotonic() < deadline:
+                            time.sleep(0.01)
+
+                    pooled = get_backend(pool.name)
+                    yield (f"docker with relay, pooled ({pool_size} warm)",
+                           measure(_maker(pooled, relayed), n, warm))
+            except SandboxError as exc:
+                yield f"docker with relay, pooled ({pool_size} warm)", f"skipped: {str(exc)[:100]}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-n", type=int, default=20, help="repetitions (median reported)")
-    ap.add_argument("--backend", default="bwrap")
+    ap.add_argument("-n", type=int, default=5, help="repetitions per case (min and median reported; at least 3)")
+    ap.add_argument("--backends", default="bwrap,docker")
+    ap.add_argument("--pool", type=int, default=2, help="warm containers of the Docker pool case (0: no such case)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="cg-px-") as d:
+    n = max(3, args.n)
+    cols = ["create", "exec(true)", "close", "total", "CPU"]
+    print(f"{'case':36s}" + "".join(f"{c + ' min/med':>22s}" for c in cols) + "   (ms)")
+    with tempfile.TemporaryDirectory(prefix="cg-px-") as d, tempfile.TemporaryDirectory(prefix="cg-bench-") as ws:
         sock_path = Path(d) / "proxy.sock"
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(sock_path))
         sock_path.chmod(0o666)  # as the proxy does: sandboxes run as other uids
+        Path(d).chmod(0o711)
         listener.listen(16)
         try:
-            for label, proxy in (("without relay", None), ("with relay", sock_path)):
-                cold, warm, cpu = bench(args.backend, args.n, proxy)
-                print(f"{args.backend} {label:14s} create+exec(true)+close: {cold * 1e3:7.1f} ms   "
-                      f"exec(true): {warm * 1e3:7.1f} ms   (median of {args.n});   "
-                      f"CPU per create+exec+close: {cpu * 1e3:5.1f} ms")
+            for label, result in cases(args.backends.split(","), args.pool, Path(ws), sock_path, n):
+                if isinstance(result, str):
+                    print(f"{label:36s}  {result}")
+                    continue
+                row = "".join(f"{min(result[c]) * 1e3:>12.1f} /{statistics.median(result[c]) * 1e3:>8.1f}"
+                              for c in cols)
+                print(f"{label:36s}{row}", flush=True)
         finally:
             listener.close()
+    print(f"({n} rounds per case)")
 
 
 if __name__ == "__main__":

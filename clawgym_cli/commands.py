@@ -141,9 +141,11 @@ def cmd_harness_list(args) -> int:
 def cmd_tree_show(args) -> int:
     """``clawgym tree show``: an outline of a call-tree JSONL or an episode's ``calls.jsonl``; HTML/PNG on request."""
     from clawgym_env.capture.tree_show import show
+    from clawgym_env.policy.tokenizer import load_tokenizer
 
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")  # kind tags coloured in a terminal only
-    print(show(args.file, html_out=args.html, png_out=args.png, decode=not args.no_decode, width=args.width,
+    tokenizer = None if args.no_decode else load_tokenizer()
+    print(show(args.file, html_out=args.html, png_out=args.png, tokenizer=tokenizer, width=args.width,
                colour=colour), end="")
     return 0
 

@@ -29,6 +29,7 @@ from clawgym_env.task import Task
 if TYPE_CHECKING:
     from clawgym_env.fleet import FleetConfig, FleetProgress, RayFleet
     from clawgym_env.proxy.server import ProxyServer
+    from clawgym_env.sandbox.docker_pool import DockerPool
 
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,12 @@ class Runtime:
     """
 
     def __init__(self, policy: PolicyBackend | str, *, sandbox: str = "bwrap", out_dir: str | Path | None = None,
-                 max_context_tokens: int | None = None, judge: Any = None) -> None:
+                 max_context_tokens: int | None = None, judge: Any = None, sandbox_pool: int = 0) -> None:
         from clawgym_env.policy import make_policy
+
+        if sandbox_pool < 0 or (sandbox_pool and sandbox != "docker"):
+            raise ValueError(f"sandbox_pool={sandbox_pool}: a pool of warm sandboxes is for sandbox='docker' only "
+                             "(a bwrap sandbox starts in milliseconds); leave it 0")
 
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.policy_spec: str | None = policy if isinstance(policy, str) else None
@@ -65,6 +70,10 @@ class Runtime:
         self.judge = judge
         """LLM judge for tasks graded by one (None: the environment-configured judge)."""
         self._max_context = max_context_tokens
+        self.sandbox_pool = sandbox_pool
+        """Warm Docker containers kept ahead per sandbox shape (:class:`~clawgym_env.sandbox.docker_pool.DockerPool`,
+        made on the first episode, closed with the runtime); 0: every sandbox starts cold."""
+        self._pool: DockerPool | None = None
         self._proxy: ProxyServer | None = None
         self._lock = threading.Lock()
 
@@ -84,17 +93,27 @@ class Runtime:
     def run(self, task: Task, adapter: HarnessAdapter, **kwargs: Any) -> EpisodeResult:
         """One episode of ``task`` through ``adapter`` on this runtime's proxy (:func:`run_episode`);
         ``sandbox``, ``out_dir`` and ``judge`` default to the runtime's."""
+        if "sandbox" not in kwargs and self.sandbox_pool:
+            with self._lock:
+                if self._pool is None:
+                    from clawgym_env.sandbox.docker_pool import DockerPool
+
+                    self._pool = DockerPool(self.sandbox_pool)
+                kwargs["sandbox"] = self._pool.name
         kwargs.setdefault("sandbox", self.sandbox)
         kwargs.setdefault("out_dir", self.out_dir)
         kwargs.setdefault("judge", self.judge)
         return run_episode(task, adapter, self.proxy, **kwargs)
 
     def close(self) -> None:
-        """Stop the proxy if it was started (a later episode starts a new one); idempotent."""
+        """Stop the proxy if it was started (a later episode starts a new one) and the sandbox pool; idempotent."""
         with self._lock:
+            pool, self._pool = self._pool, None
             if self._proxy is not None:
                 self._proxy.stop()
                 self._proxy = None
+        if pool is not None:
+            pool.close()
 
     def __enter__(self) -> Runtime:
         self.proxy  # noqa: B018 - start eagerly inside the with

@@ -282,7 +282,8 @@ def run_eval(suite: str | Path, *, harness: str, policy: Any, out: str | Path, s
             summary.retried += attempts - 1
             summary.infra_failures += row.is_infra_failure
             if bar is not None:
-                bar.set_postfix_str(f"{row.task_id}#{row.sample}: {row.status} r={row.reward:.2f}")
+                if ray_address is None:  # on a fleet the postfix shows the fleet's counts (bar_postfix)
+                    bar.set_postfix_str(f"{row.task_id}#{row.sample}: {row.status} r={row.reward:.2f}")
                 bar.update(1)
 
         try:
@@ -290,7 +291,7 @@ def run_eval(suite: str | Path, *, harness: str, policy: Any, out: str | Path, s
                 _run_on_fleet(todo, adapter, record, policy=policy, address=ray_address, sandbox=sandbox,
                               episodes_dir=episodes_dir, per_node=max_episodes_per_node or concurrency,
                               retries=retries, sampling=sampling, keep_workspace=keep_workspace, judge=judge,
-                              suite_name=st.name, policy_key=policy_key)
+                              suite_name=st.name, policy_key=policy_key, bar=bar)
             else:
                 _run_on_threads(todo, adapter, record, policy=policy, sandbox=sandbox,
                                 episodes_dir=episodes_dir, concurrency=concurrency, suite_name=st.name,
@@ -327,9 +328,11 @@ def _run_on_threads(todo: list[_Job], adapter: Any, record: Callable[[ResultRow,
 
 def _run_on_fleet(todo: list[_Job], adapter: Any, record: Callable[[ResultRow, int], None], *, policy: Any,
                   address: str, sandbox: str, episodes_dir: Path, per_node: int, retries: int, sampling: Any,
-                  keep_workspace: bool, judge: Any, suite_name: str, policy_key: str) -> None:
-    """The jobs on a Ray fleet; the fleet retries infrastructure failures on other nodes."""
-    from clawgym_env.fleet import FleetConfig, RayFleet
+                  keep_workspace: bool, judge: Any, suite_name: str, policy_key: str,
+                  bar: Any = None) -> None:
+    """The jobs on a Ray fleet; the fleet retries infrastructure failures on other nodes; ``bar`` (tqdm)
+    shows the fleet's per-node and per-harness counts, queue depth and calls/s in its postfix."""
+    from clawgym_env.fleet import FleetConfig, RayFleet, bar_postfix
 
     if not isinstance(policy, str):
         raise TaskError("with --ray-address the policy must be a spec string each rollout worker can build "
@@ -347,7 +350,7 @@ def _run_on_fleet(todo: list[_Job], adapter: Any, record: Callable[[ResultRow, i
             row.error = f"infrastructure failure after {attempts} attempt(s): {row.error}"
         record(row, attempts)
 
-    with RayFleet(config) as fleet:
+    with RayFleet(config, progress=bar_postfix(bar) if bar is not None else None) as fleet:
         fleet.run_pairs([(j.task, j.sample) for j in todo], adapter, on_result=on_result,
                         sampling=SamplingOverrides.of(sampling), keep_workspace=keep_workspace)
 

@@ -96,6 +96,14 @@ def test_a_resent_prompt_marks_the_earlier_call_discarded(mixed):
     assert find_discarded(three) == {2: 7, 7: 9}, "each attempt is discarded by the next one"
     empty = [calls[0].model_copy(update={"prompt_token_ids": [], "call_index": i}) for i in range(2)]
     assert find_discarded(empty) == {}
+    # identical prompts whose answers were both continued (nested subagents) are not retries
+    twin = calls[0].model_copy(update={"call_index": 1})
+    both = [calls[0], twin, calls[2].model_copy(update={"call_index": 2})]
+    assert find_discarded(both) == {}, "calls[2] continues from calls[0]'s answer"
+    # an abandoned attempt that finishes after its retry: order by arrival, not by call_index
+    late = calls[2].model_copy(update={"call_index": 6, "started_at": 1.0})
+    retry = calls[5].model_copy(update={"call_index": 5, "started_at": 2.0})
+    assert find_discarded([calls[0], retry, late, calls[6].model_copy(update={"started_at": 3.0})]) == {6: 5}
 
 
 def test_classify_keeps_tokens_and_labels_copies(mixed):

@@ -106,3 +106,41 @@ def test_anthropic_request_shape():
         [("tool_result", "call_1"), ("tool_result", "call_2"), ("text", None)]
     assert specs == [{"name": "bash", "description": "run",
                       "input_schema": {"type": "object", "properties": {"command": {}}}}]
+
+
+def test_raw_stream_reader_matches_the_reply_and_raises_on_an_error_event():
+    """The raw event reader (the streamed path of the ``openai`` SDK's own clients): multi-line ``data``,
+    comments and a missing space after ``data:`` read as SSE says; an ``error`` event is a PolicyError."""
+    import asyncio
+
+    from clawgym_env.policy.passthrough_wire import Answer, openai_json_answer, openai_raw_stream
+
+    def chunk(delta: dict, finish: str | None = None) -> str:
+        return json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    call = {"index": 0, "function": {"name": "bash", "arguments": '{"command":'}}
+    more = {"index": 0, "function": {"arguments": ' "ls"}'}}
+    lines = [": keep-alive", "", "data: " + chunk({"role": "assistant", "reasoning_content": "hm"}), "",
+             "data:" + chunk({"content": "Hi"}), "", "data: " + chunk({"tool_calls": [call]}), "",
+             "data: " + chunk({"tool_calls": [more]}, "tool_calls"), "", "data: [DONE]", ""]
+
+    async def read(lines: list[str]) -> tuple[list, Answer]:
+        async def feed():
+            for line in lines:
+                yield line
+        answer = Answer()
+        deltas = [(d.kind, d.text) async for d in openai_raw_stream(feed(), "m", answer)]
+        return deltas, answer
+
+    deltas, answer = asyncio.run(read(lines))
+    assert deltas == [("reasoning", "hm"), ("content", "Hi")]
+    whole = openai_json_answer({"choices": [{"message": {"content": "Hi", "reasoning_content": "hm", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}]},
+        "finish_reason": "tool_calls"}]}, "m")
+    assert answer == whole and answer.calls == [("bash", {"command": "ls"})]
+    split = ["data: {\"choices\": [{\"index\": 0,", "data:  \"delta\": {\"content\": \"x\"}}]}", "", "data: [DONE]"]
+    assert asyncio.run(read(split))[1].content == "x"  # one event over two data lines
+    with pytest.raises(PolicyError, match="sent an error in its stream"):
+        asyncio.run(read(["data: " + json.dumps({"error": {"message": "overloaded"}}), ""]))
+    with pytest.raises(PolicyError, match="returned no choices"):
+        asyncio.run(read(["data: [DONE]", ""]))

@@ -347,3 +347,28 @@ def test_text_the_record_cuts_is_never_sent(tokenizer):
         (record,) = proxy.close_episode(session.token)
     assert "".join(pieces) == record.response_message["content"] == "Hello world"
     assert pieces[0] == "Hello" and all("ST" not in p for p in pieces)
+
+
+def test_async_clients_close_with_the_proxy_loop_and_with_the_policy(tokenizer):
+    """The async SDK client a streaming call builds is bound to the proxy's loop: it is closed when that loop
+    shuts down (the proxy stops), and ``close()`` from another thread closes it on its loop while it runs."""
+    with Upstream() as upstream:
+        policy = _policy("openai", upstream, tokenizer)
+        assert policy.open_clients() == [policy._client]  # the sync client only, until a stream needs one
+        with ProxyServer(policy) as proxy:
+            base = proxy.open_episode("ep-a").base_url(proxy.url)
+            assert _ask("openai", base, stream=True)[0] == "".join(TEXT)
+            sync, first = policy.open_clients()
+            assert not first.is_closed()
+        assert first.is_closed(), "the proxy's loop ended, its async client stayed open"
+        assert policy.open_clients() == [sync]
+
+        with ProxyServer(policy) as proxy:  # the policy outlives a proxy: a new loop gets a new client
+            base = proxy.open_episode("ep-b").base_url(proxy.url)
+            assert _ask("openai", base, stream=True)[0] == "".join(TEXT)
+            second = policy.open_clients()[1]
+            assert second is not first and not second.is_closed()
+            policy.close()  # while the proxy's loop runs, from this thread
+            assert second.is_closed() and sync.is_closed()
+            assert policy.open_clients() == []
+            policy.close()  # idempotent

@@ -375,3 +375,80 @@ def test_runtime_is_chosen_per_sandbox_and_an_unknown_one_is_a_clear_error(engin
     with pytest.raises(SandboxError, match="clawgym-no-such-runtime"):
         with _sandbox(workspace):
             pass
+
+
+# ---- the pool of warm containers ------------------------------------------------------------------
+
+def _wait_warm(pool, spec, n: int, limit_s: float = 120.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while pool.warm_count(spec) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.warm_count(spec) >= n, pool.stats
+
+
+@pytest.mark.slow
+def test_pool_hands_each_warm_container_out_once_and_destroys_it_after(engine, tmp_path):
+    import docker
+
+    from clawgym_env.sandbox.docker_pool import DockerPool
+
+    sock_path = tmp_path / "proxy" / "proxy.sock"
+    sock_path.parent.mkdir()
+    server = _UnixHTTPServer(str(sock_path), _Pong)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = docker.from_env()
+    seen: list[str] = []
+    code = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:18124/ep/y/v1').read().decode())"
+    try:
+        with DockerPool(2) as pool:
+            for i in range(3):
+                ws = tmp_path / f"ws{i}"
+                ws.mkdir()
+                (ws / "input.txt").write_text(f"episode {i}\n")
+                spec = SandboxSpec(workspace_host=ws, proxy_socket=sock_path, proxy_port=18124)
+                if i == 0:
+                    pool.prewarm(spec)
+                _wait_warm(pool, spec, 1)
+                with get_backend(pool.name)(spec) as sb:
+                    cid = getattr(sb, "container_id", None)
+                    assert cid is not None and cid not in seen  # a started container, never reused
+                    seen.append(cid)
+                    res = sb.exec(["sh", "-c", "cat input.txt; ls; echo done > out.txt"])
+                    assert res.ok and res.stdout.split() == ["episode", str(i), "input.txt"], res
+                    res = sb.exec(["python3", "-c", code], timeout=30)
+                    assert res.ok and res.stdout.strip() == "pong /ep/y/v1", res
+                assert (ws / "out.txt").read_text() == "done\n"
+                with pytest.raises(docker.errors.NotFound):
+                    client.containers.get(seen[-1])
+            assert pool.stats.hits == 3 and pool.stats.misses == 0, pool.stats
+            other = SandboxSpec(workspace_host=tmp_path / "ws0", limits=SandboxLimits(memory_mb=1024))
+            with get_backend(pool.name)(other) as sb:  # another shape: a cold sandbox, then warmed
+                assert type(sb).__name__ == "DockerSandbox" and sb.exec(["true"]).ok
+            assert pool.stats.misses == 1
+            _wait_warm(pool, other, 2)
+            warm = [sb.container_id for sbs in pool._warm.values() for sb in sbs]
+            assert len(warm) == 4
+        for cid in warm:  # closing the pool destroys its warm containers
+            with pytest.raises(docker.errors.NotFound):
+                client.containers.get(cid)
+        with pytest.raises(SandboxError, match="no open Docker sandbox pool"):
+            get_backend(pool.name)
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.slow
+def test_runtime_with_a_sandbox_pool_runs_whole_episodes(engine, tmp_path):
+    from clawgym_env.runtime import RolloutPool, Runtime
+    from clawgym_env.testing import EchoHarness, EchoScriptPolicy, echo_suite
+
+    suite = echo_suite(tmp_path / "suite")
+    with Runtime(EchoScriptPolicy(), sandbox="docker", sandbox_pool=2, out_dir=tmp_path / "eps") as rt:
+        results = RolloutPool(rt, concurrency=2, progress=False).run(suite.tasks, EchoHarness(client="http"),
+                                                                    samples=2)
+        stats = rt._pool.stats if rt._pool is not None else None
+    assert [r.record.reward for r in results] == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0], [r.record for r in results]
+    assert [r.record.status for r in results[:4]] == ["ok"] * 4
+    assert stats is not None and stats.hits > 0, stats

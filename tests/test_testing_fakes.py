@@ -8,6 +8,8 @@ import importlib
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from clawgym_env import (
     GradeContext,
     GradeResult,
     HarnessAdapter,
+    PolicyBackend,
     RegistrationError,
     RolloutPool,
     Runtime,
@@ -27,6 +30,7 @@ from clawgym_env import (
     make_policy,
     plugins,
 )
+from clawgym_env.policy.base import Generation, GenerationContext, SamplingParams
 from clawgym_env.testing import (
     ECHO_TASKS,
     FAIL,
@@ -35,10 +39,12 @@ from clawgym_env.testing import (
     EchoTaskSpec,
     JudgeServer,
     Marked,
+    SlowPolicy,
     Watch,
     assert_no_survivors,
     echo_policy,
     echo_suite,
+    fail_once,
     load_echo_suite,
     replying,
     survivors,
@@ -240,3 +246,87 @@ def test_fake_judge_answers_a_users_grader_inside_an_episode(tmp_path, tokenizer
     assert all(r.record.status == "ok" for r in results)
     assert asked == [f"Echo: {t.instruction}" for t in tasks]
     assert broken.status == "reward_invalid" and "judge is down" in (broken.reason or "")
+
+
+# ---- slow policies (keep-alive and forced-retry tests) -----------------------------------------------
+class _Counter(PolicyBackend):
+    """A policy with no tokenizer: answers its prompt's length, notes when it was asked."""
+
+    name, version = "counter", 7
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, list[int], float]] = []
+
+    @property
+    def tokenizer(self):
+        return "tok"
+
+    def generate(self, prompt_ids, params, ctx):
+        self.asked.append((ctx.episode_id, list(prompt_ids), time.monotonic()))
+        return Generation([len(prompt_ids)], [-0.5], "stop", policy_version=self.version)
+
+
+def _ask(policy, episode, prompt):
+    return policy.generate(list(prompt), SamplingParams(), GenerationContext(episode_id=episode))
+
+
+def test_slow_policy_holds_only_the_chosen_calls_of_each_episode():
+    inner = _Counter()
+    slow = SlowPolicy(inner, 0.3, calls={1}, when=lambda n, ctx: ctx.episode_id != "skip")
+    assert (slow.name, slow.version, slow.tokenizer, slow.streams_text) == ("counter", 7, "tok", False)
+    took = {}
+    for episode in ("a", "b", "skip"):
+        for n in range(3):
+            start = time.monotonic()
+            gen = _ask(slow, episode, range(n + 1))
+            took[episode, n] = time.monotonic() - start
+            assert (gen.token_ids, gen.logprobs, gen.finish_reason, gen.policy_version) == ([n + 1], [-0.5], "stop", 7)
+    assert [(d.episode_id, d.call, d.retried) for d in slow.delayed] == [("a", 1, False), ("b", 1, False)]
+    assert all(d.held_s >= 0.3 for d in slow.delayed)
+    assert took["a", 1] >= 0.3 and took["b", 1] >= 0.3
+    before = SlowPolicy(inner := _Counter(), 0.3, after_generate=False)  # every call, asked after the wait
+    start = time.monotonic()
+    _ask(before, "e", [1])
+    assert inner.asked[0][2] - start >= 0.3
+    with pytest.raises(ValueError):
+        SlowPolicy(inner, -1)
+    with pytest.raises(ValueError):
+        SlowPolicy(inner, 1, retry_share=1.5)
+
+
+def _held_then_retried(policy, first, retry):
+    """The held call in a thread, then its retry; returns (first answer, retry answer, order of answers)."""
+    answers: dict[str, object] = {}
+    done: list[str] = []
+
+    def held():
+        answers["first"] = _ask(policy, "ep", first)
+        done.append("first")
+
+    t = threading.Thread(target=held)
+    t.start()
+    time.sleep(0.2)  # the harness gave up and retries
+    answers["retry"] = _ask(policy, "ep", retry)
+    done.append("retry")
+    t.join(10)
+    return answers["first"], answers["retry"], done
+
+
+def test_fail_once_answers_the_held_call_when_its_retry_arrives_and_before_it():
+    slow = fail_once(_Counter(), call=0, max_wait_s=30, settle_s=0.2)
+    first, retry, order = _held_then_retried(slow, [1, 2, 3], [1, 2, 3])
+    assert first.token_ids == retry.token_ids == [3] and order == ["first", "retry"]
+    (d,) = slow.delayed
+    assert (d.call, d.retried) == (0, True)  # released by the retry, not by the 30 s cap
+    # a different prompt is no retry (the held call waits out its cap); a near-identical one is with retry_share
+    strict = fail_once(_Counter(), call=0, max_wait_s=1.0, settle_s=0)
+    _held_then_retried(strict, [1, 2, 3, 4], [1, 2, 3, 9, 9])
+    assert [(d.retried, d.held_s >= 1.0) for d in strict.delayed] == [(False, True)]
+    loose = fail_once(_Counter(), call=0, max_wait_s=30, retry_share=0.75, settle_s=0)
+    _held_then_retried(loose, [1, 2, 3, 4], [1, 2, 3, 9, 9])
+    assert [d.retried for d in loose.delayed] == [True]
+    # retry_first: the retry is answered at once, the abandoned attempt after it
+    reverse = fail_once(_Counter(), call=0, max_wait_s=30, settle_s=0.2, retry_first=True)
+    first, retry, order = _held_then_retried(reverse, [5, 6], [5, 6])
+    assert order == ["retry", "first"] and first.token_ids == retry.token_ids == [2]
+    assert [d.retried for d in reverse.delayed] == [True]

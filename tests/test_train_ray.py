@@ -65,18 +65,18 @@ def test_rollout_section_validates_and_documents_itself():
 
 
 class _FakeRayFleet:
-    """Answers each (task, sample) pair at once, in reverse order, through ``on_result``."""
+    """Answers each (task, sample, adapter) job at once, in reverse order, through ``on_result``."""
 
     def __init__(self):
         self.batches = []
 
-    def run_pairs(self, pairs, adapter, *, on_result=None, **kwargs):
+    def run_mixed(self, jobs, *, on_result=None, **kwargs):
         from clawgym_env.episode import EpisodeResult
         from clawgym_env.fleet.worker import infra_result
 
-        self.batches.append((adapter, [(t.id, s) for t, s in pairs], kwargs))
+        self.batches.append(([(t.id, s, a) for t, s, a in jobs], kwargs))
         results: list[EpisodeResult] = []
-        for i, (task, sample) in reversed(list(enumerate(pairs))):
+        for i, (task, sample, adapter) in reversed(list(enumerate(jobs))):
             r = infra_result(task, adapter, "fake", "internal", f"{task.id}#{sample}")
             results.append(r)
             on_result(i, r)
@@ -96,9 +96,9 @@ def test_jobs_through_several_harnesses_come_back_in_job_order():
                        progress=seen.append, sampling={"max_tokens": 8})
     assert [r.record.error for r in results] == ["t0#0", "t0#1", "t1#0", "t1#1", "t2#0", "t2#1"]
     assert [r.record.harness for r in results] == ["a", "a", "b", "b", "a", "a"]
-    assert [(h, pairs) for h, pairs, _ in fake.batches] == [("a", [("t0", 0), ("t0", 1), ("t2", 0), ("t2", 1)]),
-                                                           ("b", [("t1", 0), ("t1", 1)])]
-    assert all(kw["policy_version"] == 7 and kw["sampling"].max_tokens == 8 for _, _, kw in fake.batches)
+    assert [jobs for jobs, _ in fake.batches] == [[("t0", 0, "a"), ("t0", 1, "a"), ("t1", 0, "b"), ("t1", 1, "b"),
+                                                   ("t2", 0, "a"), ("t2", 1, "a")]]  # one batch, harnesses mixed
+    assert all(kw["policy_version"] == 7 and kw["sampling"].max_tokens == 8 for _, kw in fake.batches)
     assert len(seen) == 6
 
 

@@ -18,9 +18,11 @@ episode is that of its OLDEST call. Invariants of what :meth:`RolloutAhead.get` 
 * a stale episode is dropped (``stale="drop"``) or its whole group is collected again at the current version
   (``stale="regenerate"``, through ``rerun``; a regenerated episode that is still stale is dropped), counted
   either way;
-* a group that lost episodes is rebuilt from its survivors by ``regroup`` (the trainer's own ``make_groups``),
-  so its advantages are computed among the survivors only; a group left without episodes is kept, skipped
-  as ``"all_stale"``; groups untouched by the bound are returned as collected;
+* a group that lost episodes is rebuilt from its survivors by ``regroup`` (the trainer's own ``make_groups``,
+  with its cleaning: a survivor is handed over as collected, rollouts the group had dropped for
+  ``clean.max_leaves`` included, so the rebuilt group's cleaning and its counts are those of a group collected
+  with these survivors only), so its advantages are computed among the survivors only; a group left without
+  episodes is kept, skipped as ``"all_stale"``; groups untouched by the bound are returned as collected;
 * an exception raised by ``collect`` in the background is re-raised by the ``get`` of that step, with its
   original traceback and a note naming the step; batches of earlier steps are still returned.
 
@@ -357,9 +359,9 @@ class RolloutAhead:
                 eps = fresh.pop(g.key, [])
                 infra = sum(rec.is_infra_failure for rec, _ in eps)
                 survivors = [(rec, calls) for rec, calls in eps if rec.is_task_outcome and rec.episode_id not in stale]
-            elif any(rec.episode_id in stale for rec, _ in g.episodes):
-                infra = g.infra_excluded
-                survivors = [(rec, calls) for rec, calls in g.episodes if rec.episode_id not in stale]
+            elif any(rec.episode_id in stale for rec, _ in g.episodes + g.dropped):
+                infra = g.infra_excluded  # rollouts dropped for clean.max_leaves go back in: regroup drops them again
+                survivors = [(rec, calls) for rec, calls in g.episodes + g.dropped if rec.episode_id not in stale]
             else:
                 groups.append(g)
                 continue

@@ -7,7 +7,10 @@ Each step:
    of ``harnesses`` by ratio; each (task, harness) runs ``group_size`` episodes against the serving
    copy of the policy, sampling at ``temperature`` (the action of every episode).
 2. **Groups.** Episodes are grouped by (task, harness); infrastructure failures are excluded (never
-   scored 0); a group whose rewards are all equal is skipped; each episode gets one advantage
+   scored 0); each rollout is cleaned (``clean:``, :mod:`trainers.tree_clean`: only the calls of
+   ``train_kinds`` — the main agent by default — minus dead retries are trained, and a rollout whose
+   cleaned tree has more than ``max_leaves`` leaves leaves its group); a group whose rewards are all equal
+   is skipped; each episode gets one advantage
    ``A_e = r_e - mean(r)`` (``/ std`` with ``normalize_std``) for all of its sampled tokens.
    Calls not token-exact: their tokens are masked (see :mod:`trainers.tree_batch`).
 3. **One forward per group.** A group's episodes are one call tree, packed into one sequence with a
@@ -26,9 +29,11 @@ Each step:
 5. **Sync.** After the update the serving policy gets the new weights and version (``trainers.sync``).
 
 Metrics per step (``metrics.jsonl``): rollout reward and pass rate overall and per harness, groups
-trained/skipped, ``kl_rollout`` (k3 estimate of KL(rollout ‖ trained) on the sampled tokens),
-``clip_fraction`` (trainable tokens whose ratio left the clip range), importance weights, losses,
-grad norm, tokens/s of training and of rollouts. ``step`` counts iterations; ``version`` counts
+trained/skipped, what cleaning removed (``clean/side_calls``, ``clean/side_tokens``, ...,
+``clean/discarded_tokens``, ``clean/dropped_rollouts_max_leaves``, ``clean/kept_tokens``),
+``kl_rollout`` (k3 estimate of KL(rollout ‖ trained) on the sampled tokens), ``clip_fraction``
+(trainable tokens whose ratio left the clip range), importance weights, losses, grad norm, tokens/s
+of training and of rollouts. ``step`` counts iterations; ``version`` counts
 optimiser updates (a step whose groups all had constant reward makes no update).
 """
 
@@ -57,9 +62,10 @@ from trainers.metrics import MetricsLogger, MetricsRow, MetricValue, plot_curves
 from trainers.pack_parts import pack_stats
 from trainers.policy import PolicyConfig, TrainablePolicy
 from trainers.ranks import check_context, generation_services, rollout_services, setup_policy
-from trainers.rollouts import RolloutConfig, harness_plan, judge_for, run_jobs
+from trainers.rollouts import RolloutConfig, fleet_metrics, harness_plan, judge_for, run_jobs
 from trainers.summary import TrainSummary
 from trainers.tree_batch import LOSS_NORMS, OVERLONG_MODES, group_summary, make_groups, pack_groups
+from trainers.tree_clean import CleanConfig
 
 __all__ = ["Args", "collect_groups", "draw_jobs", "grpo_loss", "grpo_update", "resume", "train"]
 _score = score_pack  # the name earlier code and tests use
@@ -147,6 +153,9 @@ class Args:
     refill_groups: int = 0
     """dynamic sampling (DAPO): up to this many extra groups per step are drawn and rolled out while fewer
     than ``groups_per_step`` groups can train (constant reward, all infrastructure failures, ...); 0: off"""
+    clean: CleanConfig = dataclasses.field(default_factory=CleanConfig)
+    """which calls of a rollout are trained, before the advantages: call kinds, dead retries, ``max_leaves``
+    (see the ``clean.*`` fields; counted in the ``clean/...`` metrics)"""
     max_pack_tokens: int | None = 32768
     """at most this many tokens per packed forward: small groups' trees share a pack, a larger tree is split into
     sub-packs (shared prefixes recomputed, every token's loss counted once: the same loss and gradients); at least
@@ -213,7 +222,7 @@ def collect_groups(args: Args, tasks: list, step: int, run) -> tuple[list[Any], 
     """
     results = list(run(draw_jobs(args, tasks, step)))
     groups = make_groups(results, normalize_std=args.normalize_std, overlong=args.overlong,
-                         overlong_penalty=args.overlong_penalty)
+                         overlong_penalty=args.overlong_penalty, clean=args.clean)
     drawn = rounds = 0
     while drawn < args.refill_groups:
         missing = args.groups_per_step - sum(g.skipped is None for g in groups)
@@ -225,7 +234,7 @@ def collect_groups(args: Args, tasks: list, step: int, run) -> tuple[list[Any], 
         drawn += n
         results += more
         groups += make_groups(more, normalize_std=args.normalize_std, overlong=args.overlong,
-                              overlong_penalty=args.overlong_penalty)
+                              overlong_penalty=args.overlong_penalty, clean=args.clean)
     return results, groups, {"refill_groups": drawn, "refill_rounds": rounds}
 
 
@@ -254,7 +263,7 @@ def resume(args: Args, policy: TrainablePolicy, optimizer: torch.optim.Optimizer
 
 def _slim(groups: list[Any]) -> list[Any]:
     """Groups without their episodes' records: what :func:`pack_groups` reads (trees, advantages, masks)."""
-    return [dataclasses.replace(g, episodes=[]) for g in groups]
+    return [dataclasses.replace(g, episodes=[], dropped=[]) for g in groups]
 
 
 def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> TrainSummary:
@@ -290,7 +299,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
                         fleet=fleet, policy_version=None if args.async_.max_staleness else version)
 
     regroup = functools.partial(make_groups, normalize_std=args.normalize_std, overlong=args.overlong,
-                                overlong_penalty=args.overlong_penalty)
+                                overlong_penalty=args.overlong_penalty, clean=args.clean)
     ahead = RolloutAhead(lambda n: StepBatch(n, *collect_groups(args, tasks, n, run)), args.async_, start=start,
                          stop=args.steps, regroup=regroup, rerun=lambda keys: run(jobs_for(keys, tasks)))
     with generation_services(ranks, args.generation, out, max_context_tokens=args.max_context_tokens,
@@ -309,6 +318,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
                 row["rollout_s"] = rollout_s
                 row["rollout_tokens_per_s"] = _number(row["sampled_tokens"]) / rollout_s if rollout_s > 0 else None
                 row.update(group_summary(groups), **batch.stats)
+                row.update(fleet_metrics(fleet))  # per-node / per-harness counts of the Ray fleet ({} on threads)
                 if batch.metrics is not None and args.async_.max_staleness:
                     row.update(batch.metrics.row(args.async_.max_staleness))
             if ranks.info.distributed:

@@ -43,6 +43,10 @@ Per trained token (sampled, with a predecessor, on a token-exact call: :func:`tr
 
 Failed rollouts are records: infrastructure failures are dropped (never scored 0), other failures
 train with their reward; a step without a trainable token makes no update and still logs.
+
+Cleaning (``clean:``, :mod:`trainers.tree_clean`), before the trees are built: only the calls of
+``train_kinds`` (the main agent by default) minus dead retries are trained, and a rollout whose cleaned tree
+has more than ``max_leaves`` leaves is dropped; counted in the ``clean/...`` metrics.
 """
 
 from __future__ import annotations
@@ -69,10 +73,12 @@ from trainers.ppo_update import batch_metrics, ppo_loss, update
 from trainers.ranks import check_context, generation_services, rollout_services, setup_policy
 from trainers.rollouts import RolloutConfig
 from trainers.summary import TrainSummary
-from trainers.tree_batch import rollout_packs
+from trainers.tree_batch import as_episode, rollout_packs
+from trainers.tree_clean import CleanConfig, CleanStats, clean_rollouts
 from trainers.value import ActorCritic, Critic
 
-__all__ = ["Args", "PackTargets", "add_reference", "batch_metrics", "draw_jobs", "episode_trees", "forward_pack",
+__all__ = ["Args", "PackTargets", "add_reference", "batch_metrics", "clean_trees", "draw_jobs", "episode_trees",
+           "forward_pack",
            "gae_targets", "loss_weights", "ppo_loss", "prepare", "train", "update"]
 
 
@@ -179,6 +185,9 @@ class Args:
     loss_norm: str = "tree"
     """``tree``: each episode's loss is the mean over its own distinct trained tokens, episodes averaged; ``token``:
     one mean over the per-rollout token terms of the minibatch"""
+    clean: CleanConfig = dataclasses.field(default_factory=CleanConfig)
+    """which calls of a rollout are trained: call kinds, dead retries, ``max_leaves`` (see the ``clean.*`` fields;
+    counted in the ``clean/...`` metrics)"""
     # evaluation and logging
     eval_suite: str | None = None
     """held-out suite evaluated in the loop (``None``: no in-loop evaluation)"""
@@ -220,12 +229,20 @@ def draw_jobs(args: Args, tasks: list, step: int) -> list[tuple[Any, str]]:
     return jobs
 
 
-def episode_trees(results) -> list[Any]:
-    """One call tree per episode (``meta`` carries harness and reward); infra failures and empty episodes dropped."""
+def clean_trees(results, clean: CleanConfig | None = None) -> tuple[list[Any], CleanStats]:
+    """One call tree per episode over its cleaned calls (:mod:`trainers.tree_clean`; ``meta`` carries harness and
+    reward), and what cleaning removed; infra failures, rollouts over ``max_leaves`` and episodes left without a
+    call are dropped."""
     from clawgym_env.capture.tree import CallTree
 
-    return [CallTree.from_episodes([(r.record, list(r.calls))]) for r in results
-            if not r.record.is_infra_failure and r.calls]
+    episodes = [ep for ep in map(as_episode, results) if not ep[0].is_infra_failure]
+    keep, cleaned, stats = clean_rollouts(episodes, clean)
+    return [CallTree.from_episodes([(episodes[i][0], calls)]) for i, calls in zip(keep, cleaned) if calls], stats
+
+
+def episode_trees(results, clean: CleanConfig | None = None) -> list[Any]:
+    """The trees of :func:`clean_trees` (``clean=None``: every call as captured)."""
+    return clean_trees(results, clean)[0]
 
 
 def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> TrainSummary:
@@ -236,7 +253,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
     from trainers.distributed import shard_policy
     from trainers.evaluation import eval_harnesses, evaluate_harnesses
     from trainers.metrics import MetricsLogger, plot_curves, rollout_metrics
-    from trainers.rollouts import judge_for, run_jobs
+    from trainers.rollouts import fleet_metrics, judge_for, run_jobs
 
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -288,9 +305,11 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
                 batch = ahead.get(step, version)
                 results = batch.results
                 row = {**rollout_metrics(results, args.pass_threshold), "rollout_s": batch.rollout_s}
+                row.update(fleet_metrics(fleet))  # the Ray fleet's counts ({} on threads)
                 if batch.metrics is not None and args.async_.max_staleness:
                     row.update(batch.metrics.row(args.async_.max_staleness))
-                trees = episode_trees(results)
+                trees, cleaned = clean_trees(results, args.clean)
+                row.update(cleaned.as_metrics())
             trees = broadcast_object(trees)
             packs = rollout_packs(trees, args.max_pack_tokens, device=policy.device)
             row.update(pack_stats(packs).as_metrics())

@@ -17,7 +17,9 @@ trainer's in-process policy over HTTP (:func:`clawgym_env.policy.remote.serve_po
 address Ray reports, behind a fresh secret token) and starts one
 :class:`~clawgym_env.fleet.RayFleet` whose workers build ``remote:http://IP:PORT``; :func:`run_jobs`
 then sends a step's episodes to the fleet instead of threads, with the same results in the same
-order. Every call's ``policy_version`` is the served policy's at sampling time, i.e. the trainer's
+order, all harnesses of a step in one batch (their episodes overlap on the nodes, each holding its
+harness's declared resources); :func:`fleet_metrics` gives the fleet's counts for the metrics file.
+Every call's ``policy_version`` is the served policy's at sampling time, i.e. the trainer's
 version when the step's rollouts ran.
 """
 
@@ -173,24 +175,22 @@ class RolloutFleet:
     def run(self, jobs: Sequence[tuple[Task, str]], adapters: Mapping[str, Any], *, group_size: int = 1,
             sampling: SamplingOverrides | None = None, policy_version: int | None = None,
             progress: Callable[[EpisodeResult], None] | None = None, **kwargs: Any) -> list[EpisodeResult]:
-        """:func:`run_jobs` on the fleet: ``group_size`` episodes per job, results in job order (one
-        fleet batch per harness; ``kwargs`` go to ``run_episode`` on the workers)."""
+        """:func:`run_jobs` on the fleet: ``group_size`` episodes per job, results in job order, every
+        harness in one fleet batch so that their episodes overlap (``kwargs`` go to ``run_episode`` on the
+        workers)."""
         fleet = self.start().fleet
         assert fleet is not None
-        flat = [(t, h) for t, h in jobs for _ in range(group_size)]
-        out: list[EpisodeResult | None] = [None] * len(flat)
-        by_harness: dict[str, list[int]] = {}
-        for i, (_, h) in enumerate(flat):
-            by_harness.setdefault(h, []).append(i)
-        for harness, where in by_harness.items():
-            def done(j: int, result: EpisodeResult, where: list[int] = where) -> None:
-                out[where[j]] = result
-                if progress is not None:
-                    progress(result)
 
-            fleet.run_pairs([(flat[i][0], i % group_size) for i in where], adapters[harness], on_result=done,
-                            sampling=sampling, policy_version=policy_version, **kwargs)
-        return [r for r in out if r is not None]
+        def done(_: int, result: EpisodeResult) -> None:
+            if progress is not None:
+                progress(result)
+
+        return fleet.run_mixed([(t, s, adapters[h]) for t, h in jobs for s in range(group_size)], on_result=done,
+                               sampling=sampling, policy_version=policy_version, **kwargs)
+
+    def metrics(self) -> dict[str, float | int]:
+        """The fleet's counts of its current (or last) batch as flat metrics (:func:`fleet_metrics`)."""
+        return fleet_metrics(self)
 
     def close(self) -> None:
         """Stop the workers, the policy server, and Ray if this object started it; idempotent."""
@@ -211,6 +211,15 @@ class RolloutFleet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def fleet_metrics(fleet: RolloutFleet | RayFleet | None) -> dict[str, float | int]:
+    """Flat metrics of a rollout fleet's current (or last) batch for a trainer's metrics file: ``fleet/running``,
+    ``fleet/done``, ``fleet/queue_depth``, ``fleet/infra_failed``, ``fleet/calls_per_s``, ...,
+    ``fleet/node/<node>/done``, ``fleet/harness/<harness>/infra_failed`` (empty for ``None``: threads)."""
+    from clawgym_env.fleet.stats import fleet_metrics as metrics_of
+
+    return metrics_of(fleet) if fleet is not None else {}
 
 
 def rollout_fleet(config: RolloutConfig, policy: PolicyBackend, **options: Any) -> AbstractContextManager[

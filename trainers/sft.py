@@ -12,7 +12,10 @@ mean over episodes of each episode's mean token NLL (the same normalisation as G
 :func:`trainers.tree_batch.build_pack` with advantage 1), so an expert episode with many calls
 weighs no more than a short one. Episodes below ``min_reward`` (a demonstration that failed) and
 infrastructure failures are not trained on; tokens only on calls recorded as not token-exact are
-masked (see :mod:`trainers.tree_batch`).
+masked (see :mod:`trainers.tree_batch`). Every episode is cleaned first (``clean:``,
+:mod:`trainers.tree_clean`, as in GRPO and PPO): only the expert's calls of ``train_kinds`` (its main
+trajectory by default, not its side calls) minus dead retries are imitated, and an episode whose cleaned
+tree has more than ``max_leaves`` leaves is left out; the counts are in every metrics row (``clean/...``).
 
 Under N ranks (``torchrun``): rank 0 collects the expert episodes and broadcasts them; every rank draws
 the same batches; a batch's episodes are split between the ranks balanced by tokens (greedy
@@ -65,6 +68,7 @@ from trainers.tree_batch import (
     episode_packs,
     episodes_tree,
 )
+from trainers.tree_clean import CleanConfig, CleanStats, clean_rollouts
 
 
 @dataclasses.dataclass
@@ -84,6 +88,9 @@ class Args:
     """expert episodes captured per task"""
     min_reward: float = 1.0
     """keep only expert episodes whose reward reaches this"""
+    clean: CleanConfig = dataclasses.field(default_factory=CleanConfig)
+    """which calls of an expert episode are imitated: call kinds, dead retries, ``max_leaves`` (see the ``clean.*``
+    fields; counted in the ``clean/...`` metrics)"""
     sandbox: str = "bwrap"
     """sandbox backend of every episode: ``bwrap`` or ``docker``"""
     concurrency: int = 4
@@ -141,6 +148,13 @@ def collect_expert(args: Args, tasks: list | None = None) -> tuple[list[EpisodeP
     counts = ExpertCounts(episodes=len(eps), kept=len(kept), infra_failures=sum(rec.is_infra_failure for rec, _ in eps),
                           reward_mean=sum(rec.reward for rec, _ in eps) / len(eps) if eps else None)
     return kept, counts
+
+
+def clean_expert(episodes: list[EpisodePair], clean: CleanConfig | None) -> tuple[list[EpisodePair], CleanStats]:
+    """The episodes with only their calls to imitate (:mod:`trainers.tree_clean`); an episode over ``max_leaves``
+    or left without a call is left out. Returns (episodes, what cleaning removed)."""
+    keep, cleaned, stats = clean_rollouts(episodes, clean)
+    return [(episodes[i][0], calls) for i, calls in zip(keep, cleaned) if calls], stats
 
 
 def sft_pack(episodes: list[EpisodePair], device=None) -> TrainPack:
@@ -215,8 +229,10 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, episodes: list[E
     if episodes is None:
         episodes, counts = collect_expert(args) if info.is_main else ([], None)
         episodes, counts = broadcast_object((episodes, counts))
+    episodes, cleaned = clean_expert(episodes, args.clean)  # every rank: the same episodes, the same result
     if not episodes:
-        raise PolicyError("no expert episode to train on (all failed, scored below min_reward or had no calls)")
+        raise PolicyError("no expert episode to train on (all failed, scored below min_reward, had no calls or "
+                          f"no call of clean.train_kinds {list(args.clean.train_kinds)})")
     policy = policy or TrainablePolicy(dataclasses.replace(args.policy,
                                                            device=local_device(args.policy.device, info)))
     shard_policy(policy, args.dist)
@@ -244,7 +260,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, episodes: list[E
         dt = time.perf_counter() - t0
         if metrics is not None and (step % max(1, args.log_every) == 0 or step == args.steps):
             last = metrics.log(step, {**st, "train_tokens_per_s": st["train_tokens"] / dt if dt > 0 else None,
-                                      **(counts.as_metrics() if counts else {})})
+                                      **(counts.as_metrics() if counts else {}), **cleaned.as_metrics()})
         if bar is not None:
             bar.set_postfix_str(f"loss {st['loss']:.3f}")
             bar.update(1)

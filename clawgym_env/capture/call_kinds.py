@@ -17,9 +17,11 @@ Invariants:
   * the records handed in are not modified: copies come back, in the same order, with only ``kind``,
     ``kind_reason`` and ``discarded_by`` changed; the token ids and logprobs are untouched;
   * the rule for a dead retry is the harness's own behaviour, not a guess about content: call ``j`` is discarded
-    exactly when a later call of the episode has a prompt identical to ``j``'s, token for token (the harness sent the
-    same prefix again instead of continuing from ``j``'s answer); ``discarded_by`` is the first such call. Calls
-    with an empty prompt are never matched.
+    exactly when a call that *started* later (``started_at``: the request's arrival; an abandoned call often
+    finishes after its retry, so ``call_index``, the finishing order, would pick the wrong one) has a prompt
+    identical to ``j``'s, token for token, and no later call continues from ``j``'s answer (its prompt starts with
+    ``j``'s prompt + output: nested subagents may send identical prompts and all be continued);
+    ``discarded_by`` is the first such retry. Calls with an empty prompt are never matched.
   * the structural default is deterministic and depends only on the calls' prompt ids and their order.
 """
 
@@ -28,12 +30,18 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from clawgym_env.capture.records import CALL_KINDS, CallKind, CallRecord
 
-if TYPE_CHECKING:  # the harness seam imports the records; this module needs only its method
-    from clawgym_env.harness import HarnessAdapter
+
+class KindsAdapter(Protocol):
+    """What classification needs of a harness adapter (:class:`clawgym_env.harness.HarnessAdapter` has it; the
+    seam imports the records, so this module names only the method it calls)."""
+
+    name: str
+
+    def call_kinds(self, calls: Sequence[CallRecord]) -> list[tuple[CallKind, str] | None]: ...  # noqa: D102
 
 SAME_CONVERSATION_SHARE = 0.5
 """Two calls belong to one conversation when their prompts share a token prefix of at least this share of the
@@ -64,18 +72,27 @@ def _digest(ids: Sequence[int]) -> tuple[int, bytes]:
 
 
 def find_discarded(calls: Sequence[CallRecord]) -> dict[int, int]:
-    """``{call_index of j: call_index of k}`` for every call ``j`` whose exact prompt a later call ``k`` (the first
-    one) sent again: the harness discarded ``j``'s answer and retried (see the module invariants)."""
-    last_seen: dict[tuple[int, bytes], int] = {}
-    out: dict[int, int] = {}
-    for c in calls:
+    """``{call_index of j: call_index of k}`` for every call ``j`` whose exact prompt a call ``k`` started later
+    (the first one) sent again while nothing continued from ``j``'s answer: the harness discarded it and retried
+    (see the module invariants)."""
+    order = sorted(calls, key=lambda c: (c.started_at, c.call_index))  # request arrival, not completion
+    last_seen: dict[tuple[int, bytes], CallRecord] = {}
+    candidates: dict[int, tuple[CallRecord, int]] = {}
+    for pos, c in enumerate(order):
         if not c.prompt_token_ids:
             continue
         key = _digest(c.prompt_token_ids)
         earlier = last_seen.get(key)
         if earlier is not None:
-            out[earlier] = c.call_index
-        last_seen[key] = c.call_index
+            candidates[earlier.call_index] = (earlier, pos)
+        last_seen[key] = c
+    out: dict[int, int] = {}
+    for j, (rec, pos) in candidates.items():
+        seq = list(rec.prompt_token_ids) + list(rec.output_token_ids)
+        continued = rec.output_token_ids and any(
+            len(c.prompt_token_ids) >= len(seq) and c.prompt_token_ids[:len(seq)] == seq for c in order)
+        if not continued:
+            out[j] = order[pos].call_index
     return out
 
 
@@ -126,7 +143,7 @@ def structural_kinds(calls: Sequence[CallRecord]) -> list[tuple[CallKind, str]]:
     return out
 
 
-def _adapter_verdicts(calls: Sequence[CallRecord], adapter: HarnessAdapter | None) -> tuple[list, str | None]:
+def _adapter_verdicts(calls: Sequence[CallRecord], adapter: KindsAdapter | None) -> tuple[list, str | None]:
     if adapter is None:
         return [None] * len(calls), None
     name = getattr(adapter, "name", type(adapter).__name__)
@@ -143,7 +160,7 @@ def _adapter_verdicts(calls: Sequence[CallRecord], adapter: HarnessAdapter | Non
     return verdicts, None
 
 
-def classify_calls(calls: Sequence[CallRecord], adapter: HarnessAdapter | None = None) -> list[CallRecord]:
+def classify_calls(calls: Sequence[CallRecord], adapter: KindsAdapter | None = None) -> list[CallRecord]:
     """Copies of ``calls`` (one episode, in ``call_index`` order) with ``kind``, ``kind_reason`` and
     ``discarded_by`` set (see the module docstring)."""
     calls = list(calls)

@@ -345,17 +345,13 @@ def load_trees(path: str | Path) -> list[CallTree]:
     return [CallTree.from_calls(calls)]
 
 
-def show(path: str | Path, html_out: str | None = None, png_out: str | None = None, decode: bool = True,
+def show(path: str | Path, html_out: str | None = None, png_out: str | None = None, tokenizer=None,
          width: int = 120, colour: bool = False) -> str:
-    """Text of every tree in ``path``; writes the first tree's HTML/PNG when asked."""
+    """Text of every tree in ``path`` (segments decoded by ``tokenizer`` when given, else shown as ids); writes the
+    first tree's HTML/PNG when asked."""
     trees = load_trees(path)
-    tok = None
-    if decode:
-        from clawgym_env.policy.tokenizer import load_tokenizer
-
-        tok = load_tokenizer()
     if trees and html_out:
-        render_html(trees[0], html_out, tok)
+        render_html(trees[0], html_out, tokenizer)
     if trees and png_out:
         render_png(trees[0], png_out)
-    return "\n".join(render_text(t, tok, width, colour) for t in trees)
+    return "\n".join(render_text(t, tokenizer, width, colour) for t in trees)

@@ -16,9 +16,14 @@ a per-node cap, retries infrastructure failures on another node and returns the 
 
 or through the usual pool: ``RolloutPool(runtime, backend="ray", fleet=FleetConfig(...))``.
 
-On a cluster, every node needs this project installed, the sandbox (bubblewrap or Docker), and the
-suite's task folders at the same path (a shared filesystem, or a suite shipped inside an installed
-package); a task whose folder is missing on a node ends as ``infra_error`` (boundary ``task``).
+On a cluster, every node needs this project installed, the sandbox (bubblewrap or Docker) and the
+harnesses' installs. A task's folders travel with its episodes to the nodes that lack them (packed once,
+unpacked once per node in a cache keyed by content hash, :mod:`~clawgym_env.fleet.ship`); a task larger
+than ``ship_max_mb`` must be on every node at the same path, else its episodes there end as
+``infra_error`` (boundary ``task``). Each episode holds its harness's declared resources
+(``adapter.resources``) on its node: a node runs episodes only while their sum fits its CPUs and memory
+(:mod:`~clawgym_env.fleet.placement`), harnesses mixed in one batch with :meth:`RayFleet.run_mixed`;
+:func:`fleet_metrics` gives the live counts as flat metrics.
 
 Invariants: importing this package does not import Ray (it is an optional dependency, the extra
 ``clawgym[ray]``); every requested episode ends exactly once; an infrastructure failure is never a
@@ -29,7 +34,9 @@ from __future__ import annotations
 
 from clawgym_env.fleet.config import RETRIABLE_BOUNDARIES, AttemptRecord, FleetConfig, WorkerInfo
 from clawgym_env.fleet.scheduler import FleetError, RayFleet
-from clawgym_env.fleet.stats import Counts, FleetProgress, FleetStats
+from clawgym_env.fleet.ship import ShipError
+from clawgym_env.fleet.stats import Counts, FleetProgress, FleetStats, bar_postfix, fleet_metrics
 
 __all__ = ["RETRIABLE_BOUNDARIES", "AttemptRecord", "Counts", "FleetConfig", "FleetError", "FleetProgress",
-           "FleetStats", "RayFleet", "WorkerInfo"]
+           "FleetStats", "RayFleet", "ShipError", "WorkerInfo", "bar_postfix",
+           "fleet_metrics"]

@@ -7,7 +7,9 @@ ended in an infrastructure failure.
 
 Invariants: a job's ``index`` is its position in the caller's batch, so results come back in
 the caller's order; ``attempt`` counts from 1 and never exceeds ``FleetConfig.max_attempts``;
-every limit is checked at construction (an invalid value names the field and the fix).
+every limit is checked at construction (an invalid value names the field and the fix); an
+episode's needs are its harness's declared :class:`~clawgym_env.harness.EpisodeResources` unless
+``episode_cpus`` / ``episode_memory_mb`` override them for every harness.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from clawgym_env.harness import EpisodeResources, HarnessAdapter
 from clawgym_env.task import Task
 
 RETRIABLE_BOUNDARIES: tuple[str, ...] = ("sandbox", "harness", "proxy", "policy", "internal")
@@ -39,6 +42,10 @@ class WorkerInfo:
     """The worker process's id (changes when Ray restarts the worker)."""
     capacity: int = 1
     """The most episodes the worker runs at once (the per-node cap)."""
+    cpus: float = 0.0
+    """CPUs of the node the worker's episodes may use together (the sum of their declared needs)."""
+    memory_mb: int = 0
+    """Memory of the node (MiB) the worker's episodes may use together (the sum of their declared needs)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,11 +67,29 @@ class FleetConfig:
     out_dir: str | None = None
     """Folder for episode folders on each worker's node (the same path on every node; ``None``: temp)."""
     max_episodes_per_node: int = 4
-    """Per-node cap: the most episodes one node's worker runs at once."""
-    episode_cpus: float = 1.0
-    """CPUs one episode needs; a node runs at most ``floor(node CPUs / episode_cpus)`` episodes."""
+    """Per-node cap: the most episodes one node's worker runs at once (whatever their needs)."""
+    episode_cpus: float | None = None
+    """CPUs one episode needs, for every harness (``None``: each harness's declared ``resources.cpus``); a node
+    runs episodes only while the sum of their needs fits its CPUs."""
     episode_memory_mb: int | None = None
-    """Memory one episode needs (e.g. ~1300 for OpenClaw); caps a node by its Ray memory when set."""
+    """Memory (MiB) one episode needs, for every harness (``None``: each harness's declared
+    ``resources.memory_mb``, e.g. 1792 for OpenClaw); a node runs episodes only while their sum fits its memory."""
+    node_cpus: float | None = None
+    """CPUs of each node the fleet's episodes may use (``None``: all the node's Ray CPUs); the worker reserves
+    them in Ray, so lower it to leave room for other Ray work on the nodes."""
+    node_memory_mb: int | None = None
+    """Memory (MiB) of each node the fleet's episodes may use (``None``: the node's Ray ``memory`` resource);
+    reserved in Ray like ``node_cpus``."""
+    ship_tasks: bool = True
+    """Send a task's folders with its episode; a worker whose node lacks them materialises the shipped copy
+    once per node in ``ship_cache_dir`` (keyed by content hash). Off: every node needs the folders at the
+    same path (a shared filesystem)."""
+    ship_max_mb: float = 64.0
+    """Largest task (its folders' files, in MiB) that is shipped; a larger one must be on every node."""
+    ship_cache_dir: str | None = None
+    """Folder on each node for shipped tasks (``None``: ``$CLAWGYM_CACHE/fleet-tasks``)."""
+    ship_cache_max_mb: float = 2048.0
+    """Size cap of a node's shipped-task cache: the least recently used entries are evicted to make room."""
     max_attempts: int = 3
     """Tries per episode: an attempt ending in a retriable ``infra_error`` is tried again on another
     node until this many attempts were made; the last attempt's record is the episode's."""
@@ -98,8 +123,13 @@ class FleetConfig:
             (bool(self.policy) and isinstance(self.policy, str),
              "policy: give a policy spec string such as 'scripted:expert' or 'vllm:http://HOST:PORT'"),
             (self.max_episodes_per_node >= 1, "max_episodes_per_node: must be >= 1"),
-            (self.episode_cpus > 0, "episode_cpus: must be > 0 (use a fraction such as 0.5 to pack more)"),
+            (self.episode_cpus is None or self.episode_cpus > 0,
+             "episode_cpus: must be > 0 or None (use a fraction such as 0.5 to pack more)"),
             (self.episode_memory_mb is None or self.episode_memory_mb > 0, "episode_memory_mb: must be > 0 or None"),
+            (self.node_cpus is None or self.node_cpus > 0, "node_cpus: must be > 0 or None"),
+            (self.node_memory_mb is None or self.node_memory_mb > 0, "node_memory_mb: must be > 0 or None"),
+            (self.ship_max_mb > 0 and self.ship_cache_max_mb >= self.ship_max_mb,
+             "ship_max_mb: must be > 0 and at most ship_cache_max_mb"),
             (self.max_attempts >= 1, "max_attempts: must be >= 1 (1 means never retry)"),
             (self.episode_deadline_s is None or self.episode_deadline_s > 0, "episode_deadline_s: must be > 0 or None"),
             (self.deadline_grace_s >= 0, "deadline_grace_s: must be >= 0"),
@@ -111,11 +141,31 @@ class FleetConfig:
         if bad:
             raise ValueError("invalid FleetConfig: " + "; ".join(bad))
 
-    def node_capacity(self, cpus: float, memory_bytes: float | None = None) -> int:
-        """Episodes a node with ``cpus`` CPUs (and ``memory_bytes`` of Ray memory) may run at once."""
-        cap = min(self.max_episodes_per_node, math.floor(cpus / self.episode_cpus + 1e-9))
-        if self.episode_memory_mb and memory_bytes:
-            cap = min(cap, math.floor(memory_bytes / (self.episode_memory_mb * 2**20)))
+    def needs(self, adapter: HarnessAdapter | None = None) -> EpisodeResources:
+        """What one episode of ``adapter`` needs on its node: its declared resources, with the fleet's overrides."""
+        declared = getattr(adapter, "resources", None) or EpisodeResources()
+        return EpisodeResources(cpus=self.episode_cpus if self.episode_cpus is not None else declared.cpus,
+                                memory_mb=self.episode_memory_mb if self.episode_memory_mb is not None
+                                else declared.memory_mb)
+
+    def node_budget(self, resources: dict[str, float]) -> tuple[float, int]:
+        """``(cpus, memory_mb)`` of a node (its Ray ``resources``) that the fleet's episodes may use together."""
+        cpus = float(resources.get("CPU", 0.0))
+        memory_mb = int(resources.get("memory", 0.0) // 2**20)
+        if self.node_cpus is not None:
+            cpus = min(cpus, self.node_cpus)
+        if self.node_memory_mb is not None:
+            memory_mb = min(memory_mb, self.node_memory_mb)
+        return cpus, memory_mb
+
+    def node_capacity(self, cpus: float, memory_bytes: float | None = None,
+                      needs: EpisodeResources | None = None) -> int:
+        """Episodes of ``needs`` (default: the overrides, else :class:`EpisodeResources` ()) that a node with
+        ``cpus`` CPUs (and ``memory_bytes`` of memory, when known) runs at once, within the per-node cap."""
+        needs = needs or self.needs()
+        cap = min(self.max_episodes_per_node, math.floor(cpus / needs.cpus + 1e-9))
+        if memory_bytes:
+            cap = min(cap, math.floor(memory_bytes / (needs.memory_mb * 2**20) + 1e-9))
         return max(cap, 0)
 
     def deadline_for(self, task: Task) -> float:
@@ -127,11 +177,15 @@ class FleetConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeJob:
-    """One requested episode: ``task`` run for the ``sample``-th time; ``index`` in the batch."""
+    """One requested episode: ``task`` run for the ``sample``-th time through the batch's ``adapter``-th
+    harness (named ``harness``, needing ``needs``); ``index`` in the batch."""
 
     index: int
     task: Task
     sample: int
+    adapter: int = 0
+    harness: str = "harness"
+    needs: EpisodeResources = EpisodeResources()
 
 
 @dataclasses.dataclass

@@ -1,8 +1,12 @@
 """The fleet: rollout workers on Ray, a queue with backpressure, and retries that lose nothing.
 
 :class:`RayFleet` starts one :class:`~clawgym_env.fleet.worker.RolloutWorker` actor per Ray node
-(pinned to it, reserving ``capacity * episode_cpus`` CPUs there) and feeds it episodes from one
-queue: a worker never holds more than its node's cap, so the queue, not Ray, holds the backlog.
+(pinned to it, reserving the node's CPUs and memory for episodes in Ray: all of them, or
+``node_cpus`` / ``node_memory_mb``) and feeds it episodes from one queue: a node runs episodes only
+while the sum of their harnesses' declared needs fits its budget and their count its cap
+(:mod:`~clawgym_env.fleet.placement`), so the queue, not Ray, holds the backlog. One batch may mix
+harnesses (:meth:`RayFleet.run_mixed`): their episodes share the nodes and overlap in time. A task's
+folders travel with its episodes (:mod:`~clawgym_env.fleet.ship`) to nodes that lack them.
 
 Faults, each an attempt recorded as an infrastructure failure (:class:`AttemptRecord`) and retried
 on another node while ``max_attempts`` allows:
@@ -33,6 +37,8 @@ from typing import Any
 from clawgym_env.episode import EpisodeResult
 from clawgym_env.errors import ClawGymError
 from clawgym_env.fleet.config import Attempt, AttemptRecord, EpisodeJob, FleetConfig, WorkerInfo
+from clawgym_env.fleet.placement import Queued, WorkerSlots, pick, too_large, unplaceable
+from clawgym_env.fleet.ship import ShippedTask, Shipper
 from clawgym_env.fleet.stats import FleetProgress, FleetStats
 from clawgym_env.fleet.worker import RolloutWorker, infra_result, node_label
 from clawgym_env.harness import HarnessAdapter
@@ -63,19 +69,6 @@ def _cancel(ray: Any, ref: Any) -> None:
         log.debug("fleet: cancelling an abandoned episode: %s", exc)
 
 
-class _Worker:
-    """The scheduler's view of one worker actor."""
-
-    def __init__(self, info: WorkerInfo, handle: Any) -> None:
-        self.info = info
-        self.handle = handle
-        self.running = 0
-        self.state = "live"  # live | probing | dead
-        self.probe: Any = None
-        self.probe_deadline = 0.0
-        self.next_probe = 0.0
-
-
 class RayFleet:
     """Rollout workers on a Ray cluster (see the module doc). Use as a context manager or call
     :meth:`close`; workers stay up between :meth:`run` calls."""
@@ -84,14 +77,15 @@ class RayFleet:
         self.config = config
         self.progress = progress
         """Called with a snapshot after every dispatch and every ended attempt (from the caller's thread)."""
-        self.workers: list[_Worker] = []
+        self.workers: list[WorkerSlots] = []
         self.attempts: list[AttemptRecord] = []
         """Infrastructure failures of the last batch (retried or final)."""
         self.stats: FleetStats | None = None
         self._ray: Any = None
         self._started_ray = False
-        self._abandoned: dict[Any, int] = {}
-        """Refs of abandoned attempts -> worker index: their slots stay taken until the worker answers."""
+        self._abandoned: dict[Any, Attempt] = {}
+        """Refs of abandoned attempts: their slots (and declared needs) stay taken until the worker answers."""
+        self._shipper: Shipper | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> RayFleet:
@@ -111,25 +105,26 @@ class RayFleet:
             if not node.get("Alive"):
                 continue
             res = node.get("Resources", {})
-            cap = self.config.node_capacity(res.get("CPU", 0.0), res.get("memory"))
-            if cap < 1:
-                log.info("fleet: node %s has no room for an episode (resources %s)", node["NodeID"][:6], res)
+            cpus, memory_mb = self.config.node_budget(res)
+            if cpus <= 0 or memory_mb <= 0:  # e.g. a head node started with --num-cpus=0
+                log.info("fleet: node %s offers no CPUs or memory to episodes (resources %s)", node["NodeID"][:6],
+                         res)
                 continue
-            index = len(pending)
+            index, cap = len(pending), self.config.max_episodes_per_node
             handle = actor_cls.options(
-                num_cpus=cap * self.config.episode_cpus, max_concurrency=cap + 2,
+                num_cpus=cpus, memory=memory_mb * 2**20, max_concurrency=cap + 2,
                 max_restarts=self.config.max_worker_restarts, max_task_retries=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-            ).remote(self.config, index, node["NodeID"], cap)
+            ).remote(self.config, index, node["NodeID"], cap, cpus, memory_mb)
             pending.append((WorkerInfo(index=index, node_id=node["NodeID"], node=node_label(node["NodeID"]),
-                                       capacity=cap), handle))
+                                       capacity=cap, cpus=cpus, memory_mb=memory_mb), handle))
         if not pending:
-            raise FleetError("no Ray node has room for an episode: each needs "
-                             f"{self.config.episode_cpus} CPU(s); lower episode_cpus or add nodes")
+            raise FleetError("no Ray node offers CPUs and memory to episodes; add nodes (`ray start "
+                             "--address=HEAD:6379`) or raise FleetConfig.node_cpus / node_memory_mb")
         probes = [h.whoami.remote() for _, h in pending]
         for (info, handle), probe in zip(pending, probes):
             try:
-                self.workers.append(_Worker(ray.get(probe, timeout=self.config.start_timeout_s), handle))
+                self.workers.append(WorkerSlots(ray.get(probe, timeout=self.config.start_timeout_s), handle))
             except Exception as exc:  # noqa: BLE001 - a node whose worker cannot start is left out
                 log.error("fleet: the worker on node %s did not start: %s", info.node, exc)
                 ray.kill(handle, no_restart=True)
@@ -149,6 +144,8 @@ class RayFleet:
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.workers = []
+        if self._shipper is not None:
+            self._shipper.clear()
         if self._started_ray and ray is not None and ray.is_initialized():
             ray.shutdown()
         self._started_ray = False
@@ -188,21 +185,42 @@ class RayFleet:
     def run_pairs(self, pairs: Sequence[tuple[Task, int]], adapter: HarnessAdapter, *,
                   on_result: Callable[[int, EpisodeResult], None] | None = None,
                   **kwargs: Any) -> list[EpisodeResult]:
-        """Run one episode per ``(task, sample)`` pair; results in pair order, exactly one each.
+        """Run one episode per ``(task, sample)`` pair through ``adapter``; results in pair order, exactly
+        one each (see :meth:`run_mixed`)."""
+        return self.run_mixed([(t, s, adapter) for t, s in pairs], on_result=on_result, **kwargs)
 
-        ``on_result(index, result)`` is called on the calling thread as each pair's final result
-        arrives (after its retries), e.g. to append it to a resumable results file at once."""
+    def run_mixed(self, jobs: Sequence[tuple[Task, int, HarnessAdapter]], *,
+                  on_result: Callable[[int, EpisodeResult], None] | None = None,
+                  **kwargs: Any) -> list[EpisodeResult]:
+        """Run one episode per ``(task, sample, adapter)``, harnesses mixed in one queue (their episodes
+        overlap on the nodes); results in job order, exactly one each.
+
+        ``on_result(index, result)`` is called on the calling thread as each job's final result arrives
+        (after its retries), e.g. to append it to a resumable results file at once. A harness whose
+        declared needs fit no node raises :class:`FleetError` before any episode starts."""
         self.start()
         ray = self._ray
-        jobs = [EpisodeJob(index=i, task=t, sample=s) for i, (t, s) in enumerate(pairs)]
-        results: list[EpisodeResult | None] = [None] * len(jobs)
+        adapters: list[HarnessAdapter] = []
+        slot: dict[int, int] = {}
+        for _, _, a in jobs:
+            if id(a) not in slot:
+                slot[id(a)] = len(adapters)
+                adapters.append(a)
+        needs = [self.config.needs(a) for a in adapters]
+        for a, n in zip(adapters, needs):
+            why = too_large(a.name, n, self.workers)
+            if why:
+                raise FleetError(why)
+        queued = [EpisodeJob(index=i, task=t, sample=s, adapter=slot[id(a)], harness=a.name,
+                             needs=needs[slot[id(a)]]) for i, (t, s, a) in enumerate(jobs)]
+        shipped = self._ship([j.task for j in queued])
+        results: list[EpisodeResult | None] = [None] * len(queued)
         self.attempts = []
-        self.stats = FleetStats(len(jobs), [w.info.node for w in self.workers])
-        queue: collections.deque[tuple[EpisodeJob, int, frozenset[int]]] = collections.deque(
-            (j, 1, frozenset()) for j in jobs)
+        self.stats = FleetStats(len(queued), [w.info.node for w in self.workers])
+        queue: collections.deque[Queued] = collections.deque((j, 1, frozenset()) for j in queued)
         in_flight: dict[Any, Attempt] = {}
         abandoned = self._abandoned
-        adapter_ref = ray.put(adapter)
+        adapter_refs = [ray.put(a) for a in adapters]
         policy_name = self.config.policy.partition(":")[0]
 
         def end(attempt: Attempt, result: EpisodeResult) -> None:
@@ -217,7 +235,8 @@ class RayFleet:
                     attempt=attempt.number, node=worker.info.node, boundary=rec.failure_boundary, error=rec.error,
                     retried=retry))
             assert self.stats is not None
-            self.stats.ended(worker.info.node, adapter.name, final=not retry, infra=infra, calls=len(result.calls))
+            self.stats.ended(worker.info.node, attempt.job.harness, final=not retry, infra=infra,
+                             calls=len(result.calls))
             if retry:
                 queue.appendleft((attempt.job, attempt.number + 1, attempt.avoid | {attempt.worker}))
                 log.warning("fleet: episode %s#%d attempt %d on %s: %s (%s); retrying elsewhere",
@@ -225,6 +244,7 @@ class RayFleet:
                             rec.failure_boundary, rec.error)
             else:
                 rec.logs["fleet_node"] = worker.info.node
+                rec.timings["fleet_s"] = time.monotonic() - attempt.started  # dispatch to result, this attempt
                 if attempt.number > 1:
                     rec.logs["fleet_attempts"] = str(attempt.number)
                 results[attempt.job.index] = result
@@ -233,29 +253,29 @@ class RayFleet:
             self._report()
 
         while queue or in_flight:
-            self._dispatch(queue, in_flight, adapter_ref, adapter.name, kwargs)
-            if queue and not any(w.state in ("live", "probing") for w in self.workers):
-                self._give_up(queue, results, adapter, policy_name, on_result)
-                if not in_flight:
-                    break
+            self._dispatch(queue, in_flight, adapter_refs, shipped, kwargs)
+            self._give_up(queue, results, policy_name, on_result)
+            if not queue and not in_flight:
+                break
             waiting = list(in_flight) + list(abandoned) + self._probes()
             for ref in self._wait(waiting, self.config.poll_s):
                 if ref in abandoned:
-                    self.workers[abandoned.pop(ref)].running -= 1
+                    gone = abandoned.pop(ref)
+                    self.workers[gone.worker].give_back(gone.job.needs)
                 elif ref in in_flight:
                     attempt = in_flight.pop(ref)
-                    self.workers[attempt.worker].running -= 1
-                    end(attempt, self._collect(ref, attempt, adapter, policy_name))
+                    self.workers[attempt.worker].give_back(attempt.job.needs)
+                    end(attempt, self._collect(ref, attempt, policy_name))
                 else:
                     self._probed(ref)
             now = time.monotonic()
             for ref, attempt in list(in_flight.items()):
                 if now > attempt.deadline:  # hung: give the slot's result up, retry elsewhere
                     del in_flight[ref]
-                    abandoned[ref] = attempt.worker
+                    abandoned[ref] = attempt
                     _cancel(ray, ref)
                     end(attempt, infra_result(
-                        attempt.job.task, adapter.name, policy_name, "internal",
+                        attempt.job.task, attempt.job.harness, policy_name, "internal",
                         f"no result from the rollout worker on {self.workers[attempt.worker].info.node} within "
                         f"{attempt.deadline - attempt.started:.0f} s (a hung harness or sandbox); abandoned"))
             self._check_probes(now)
@@ -264,32 +284,38 @@ class RayFleet:
         return [r for r in results if r is not None]
 
     # -- internals --------------------------------------------------------------------------------
-    def _dispatch(self, queue: collections.deque, in_flight: dict[Any, Attempt], adapter_ref: Any, harness: str,
-                  kwargs: dict[str, Any]) -> None:
-        """Hand queued episodes to workers with a free slot, least loaded first. A retry goes to a
-        worker it has not failed on while such a worker is live (it waits for its slot, and the jobs
-        behind it go first); once it has failed on every live worker, any worker takes it."""
+    def _ship(self, tasks: Sequence[Task]) -> dict[int, ShippedTask | None]:
+        """Each distinct task's shipped copy (by ``id``), when shipping is on."""
+        if not self.config.ship_tasks:
+            return {}
+        if self._shipper is None:
+            self._shipper = Shipper(self._ray, self.config.ship_max_mb)
+        out: dict[int, ShippedTask | None] = {}
+        for task in tasks:
+            if id(task) not in out:
+                out[id(task)] = self._shipper.ship(task)
+        return out
+
+    def _dispatch(self, queue: collections.deque[Queued], in_flight: dict[Any, Attempt], adapter_refs: list[Any],
+                  shipped: dict[int, ShippedTask | None], kwargs: dict[str, Any]) -> None:
+        """Hand queued episodes to workers with room for their needs (:func:`~clawgym_env.fleet.placement.pick`)."""
         assert self.stats is not None
         while queue:
-            free = sorted((w for w in self.workers if w.state == "live" and w.running < w.info.capacity),
-                          key=lambda w: (w.running / w.info.capacity, w.info.index))
-            live = {w.info.index for w in self.workers if w.state == "live"}
-            pick = next(((worker, pos) for worker in free for pos, (_, _, avoid) in enumerate(queue)
-                         if worker.info.index not in avoid or live <= avoid), None)
-            if pick is None:
+            chosen = pick(queue, self.workers)
+            if chosen is None:
                 return
-            worker, pos = pick
+            worker, pos = chosen
             job, number, avoid = queue[pos]
             del queue[pos]
-            ref = worker.handle.run.remote(job.task, adapter_ref, kwargs)
+            ref = worker.handle.run.remote(job.task, adapter_refs[job.adapter], kwargs, shipped.get(id(job.task)))
             now = time.monotonic()
             in_flight[ref] = Attempt(job=job, worker=worker.info.index, number=number, started=now,
                                      deadline=now + self.config.deadline_for(job.task), avoid=avoid)
-            worker.running += 1
-            self.stats.dispatched(worker.info.node, harness)
+            worker.take(job.needs)
+            self.stats.dispatched(worker.info.node, job.harness)
             self._report()
 
-    def _collect(self, ref: Any, attempt: Attempt, adapter: HarnessAdapter, policy_name: str) -> EpisodeResult:
+    def _collect(self, ref: Any, attempt: Attempt, policy_name: str) -> EpisodeResult:
         ray = self._ray
         worker = self.workers[attempt.worker]
         try:
@@ -299,11 +325,11 @@ class RayFleet:
             raise TypeError(f"the rollout worker returned {type(result).__name__}, not an EpisodeResult")
         except ray.exceptions.RayActorError as exc:
             self._suspect(worker)
-            return infra_result(attempt.job.task, adapter.name, policy_name, "internal",
+            return infra_result(attempt.job.task, attempt.job.harness, policy_name, "internal",
                                 f"the rollout worker on {worker.info.node} died during the episode "
                                 f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
         except Exception as exc:  # noqa: BLE001 - a lost result is an infrastructure failure, retried
-            return infra_result(attempt.job.task, adapter.name, policy_name, "internal",
+            return infra_result(attempt.job.task, attempt.job.harness, policy_name, "internal",
                                 f"the rollout worker on {worker.info.node} gave no result: {type(exc).__name__}: {exc}")
 
     def _wait(self, refs: list[Any], timeout: float) -> list[Any]:
@@ -317,7 +343,7 @@ class RayFleet:
     def _probes(self) -> list[Any]:
         return [w.probe for w in self.workers if w.state == "probing" and w.probe is not None]
 
-    def _suspect(self, worker: _Worker) -> None:
+    def _suspect(self, worker: WorkerSlots) -> None:
         """A worker's process died: take it out of rotation until a probe answers (Ray restarts it)."""
         if worker.state != "live":
             return
@@ -352,17 +378,26 @@ class RayFleet:
             elif w.probe is None and now >= w.next_probe:
                 w.probe = w.handle.whoami.remote()
 
-    def _give_up(self, queue: collections.deque, results: list[EpisodeResult | None], adapter: HarnessAdapter,
-                 policy_name: str, on_result: Callable[[int, EpisodeResult], None] | None = None) -> None:
-        """No live worker is left: every queued episode ends now, as an infrastructure failure."""
+    def _give_up(self, queue: collections.deque[Queued], results: list[EpisodeResult | None], policy_name: str,
+                 on_result: Callable[[int, EpisodeResult], None] | None = None) -> None:
+        """Queued episodes that no live or restarting worker could ever hold (none left, or none large
+        enough since a node was lost) end now, as infrastructure failures."""
         assert self.stats is not None
-        while queue:
-            job, number, _ = queue.popleft()
-            results[job.index] = infra_result(job.task, adapter.name, policy_name, "internal",
-                                              f"no live rollout worker left (after {number - 1} attempt(s))")
-            self.stats.given_up(adapter.name)
+        doomed = unplaceable(queue, self.workers)
+        if not doomed:
+            return
+        alive = any(w.state in ("live", "probing") for w in self.workers)
+        items = [queue[pos] for pos in doomed]
+        for pos in reversed(doomed):
+            del queue[pos]
+        for job, number, _ in items:
+            why = (f"no live rollout worker can hold an episode of {job.harness} ({job.needs.cpus:g} CPU(s), "
+                   f"{job.needs.memory_mb} MiB)" if alive else "no live rollout worker left")
+            result = results[job.index] = infra_result(job.task, job.harness, policy_name, "internal",
+                                                       f"{why} (after {number - 1} attempt(s))")
+            self.stats.given_up(job.harness)
             if on_result is not None:
-                on_result(job.index, results[job.index])
+                on_result(job.index, result)
         self._report()
 
     def _live_changed(self) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -49,11 +51,32 @@ class FleetProgress(BaseModel):
     harnesses: dict[str, Counts]
 
     def line(self) -> str:
-        """A one-line summary for a progress bar's postfix."""
-        per_node = " ".join(f"{n}={c.running}/{c.done}" + (f"!{c.infra_failed}" if c.infra_failed else "")
-                            for n, c in sorted(self.nodes.items()))
+        """A one-line summary for a progress bar's postfix: queue depth, running, infra-failed, rates, then
+        ``name=running/done[!infra_failed]`` per node (and per harness when the batch mixes several)."""
+        def part(counts: dict[str, Counts]) -> str:
+            return " ".join(f"{n}={c.running}/{c.done}" + (f"!{c.infra_failed}" if c.infra_failed else "")
+                            for n, c in sorted(counts.items()))
+
+        mixed = f" | {part(self.harnesses)}" if len(self.harnesses) > 1 else ""
         return (f"q={self.queued} run={self.running} infra={self.infra_failed} "
-                f"{self.episodes_per_s:.2f} ep/s {per_node}")
+                f"{self.episodes_per_s:.2f} ep/s {self.calls_per_s:.1f} calls/s {part(self.nodes)}{mixed}")
+
+    def metrics(self, prefix: str = "fleet") -> dict[str, float | int]:
+        """The snapshot as flat metrics: ``fleet/running``, ``fleet/queue_depth``, ``fleet/calls_per_s``, ...,
+        then ``fleet/node/<node>/<count>`` and ``fleet/harness/<harness>/<count>`` for running, done,
+        infra_failed and retried."""
+        out: dict[str, float | int] = {
+            f"{prefix}/total": self.total, f"{prefix}/done": self.done, f"{prefix}/running": self.running,
+            f"{prefix}/queue_depth": self.queued, f"{prefix}/infra_failed": self.infra_failed,
+            f"{prefix}/retried": self.retried, f"{prefix}/calls": self.calls,
+            f"{prefix}/episodes_per_s": round(self.episodes_per_s, 4),
+            f"{prefix}/calls_per_s": round(self.calls_per_s, 4),
+            f"{prefix}/live_workers": self.live_workers, f"{prefix}/elapsed_s": round(self.elapsed_s, 3)}
+        for kind, table in (("node", self.nodes), ("harness", self.harnesses)):
+            for name, c in sorted(table.items()):
+                for field in ("running", "done", "infra_failed", "retried"):
+                    out[f"{prefix}/{kind}/{name}/{field}"] = getattr(c, field)
+        return out
 
 
 class _Tally:
@@ -124,3 +147,32 @@ class FleetStats:
                 episodes_per_s=done / elapsed, calls_per_s=self._calls / elapsed, live_workers=self._live,
                 nodes={n: t.frozen() for n, t in self._nodes.items()},
                 harnesses={h: t.frozen() for h, t in self._harnesses.items()})
+
+
+def fleet_metrics(fleet: object) -> dict[str, float | int]:
+    """Flat metrics of a fleet's current (or last) batch (:meth:`FleetProgress.metrics`), for a metrics file.
+
+    ``fleet``: a :class:`~clawgym_env.fleet.RayFleet`, an object holding one as ``.fleet`` (a trainer's
+    rollout fleet), a :class:`FleetProgress`, or ``None``; empty when there is no fleet or no batch yet."""
+    if isinstance(fleet, FleetProgress):
+        return fleet.metrics()
+    inner = getattr(fleet, "fleet", None)
+    if inner is not None and not isinstance(inner, FleetStats):
+        fleet = inner
+    stats = getattr(fleet, "stats", None)
+    return stats.snapshot().metrics() if isinstance(stats, FleetStats) else {}
+
+
+def bar_postfix(bar: Any, every_s: float = 0.5) -> Callable[[FleetProgress], None]:
+    """A fleet progress callback that shows :meth:`FleetProgress.line` in a tqdm ``bar``'s postfix, redrawn at
+    most every ``every_s`` seconds (and at the batch's end); the bar's count is its owner's to update."""
+    last = [0.0]
+
+    def show(p: FleetProgress) -> None:
+        now = time.monotonic()
+        redraw = p.done >= p.total or now - last[0] >= every_s
+        bar.set_postfix_str(p.line(), refresh=redraw)
+        if redraw:
+            last[0] = now
+
+    return show

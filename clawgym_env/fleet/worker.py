@@ -6,11 +6,14 @@ started :class:`~clawgym_env.proxy.server.ProxyServer` around a policy built fro
 spec, so a harness's HTTP traffic goes to a proxy in the same process on the same node and never
 crosses the network; only the policy's own traffic (e.g. token ids to remote vLLM engines) does.
 
+A task whose folders are not on this node runs from the copy shipped with its episode
+(:mod:`~clawgym_env.fleet.ship`), unpacked once per node in the fleet's task cache.
+
 Invariants: :meth:`RolloutWorker.run` never raises for a failed episode: it returns exactly one
 :class:`~clawgym_env.episode.EpisodeResult` (a failure inside becomes an ``infra_error`` record with
-its boundary); a task whose folder is not on this node is an ``infra_error`` with boundary ``task``
-(never an empty workspace graded as the agent's); each harness is installed at most once per
-worker process.
+its boundary); a task whose folders are neither on this node nor shipped (or too large to ship) is an
+``infra_error`` with boundary ``task`` (never an empty workspace graded as the agent's); each harness
+is installed at most once per worker process.
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ import os
 import socket
 import threading
 import uuid
-from pathlib import Path
 from typing import Any
 
 from clawgym_env.capture.records import EpisodeRecord, FailureBoundary
 from clawgym_env.episode import EpisodeResult, run_episode
 from clawgym_env.failures import exception_failure
+from clawgym_env.fleet import ship
 from clawgym_env.fleet.config import FleetConfig, WorkerInfo
 from clawgym_env.harness import HarnessAdapter
 from clawgym_env.task import Task
@@ -45,23 +48,20 @@ def infra_result(task: Task, harness: str, policy: str, boundary: FailureBoundar
     return EpisodeResult(rec, [])
 
 
-def missing_task_files(task: Task) -> list[str]:
-    """The task's folders that are set but absent on this node (empty: all present)."""
-    return [f"{name} {path}" for name, path in (("task_dir", task.task_dir), ("input_dir", task.input_dir),
-                                                 ("reward_dir", task.reward_dir))
-            if path is not None and not Path(path).exists()]
-
-
 class RolloutWorker:
     """Runs episodes on its node against its own serving proxy (see the module doc)."""
 
-    def __init__(self, config: FleetConfig, index: int, node_id: str, capacity: int) -> None:
+    def __init__(self, config: FleetConfig, index: int, node_id: str, capacity: int, cpus: float = 0.0,
+                 memory_mb: int = 0) -> None:
         from clawgym_env.policy import make_policy
+        from clawgym_env.policy.tokenizer import cache_dir
         from clawgym_env.proxy.server import ProxyServer
 
         os.environ.update(config.env)
         self.info = WorkerInfo(index=index, node_id=node_id, node=node_label(node_id), pid=os.getpid(),
-                               capacity=capacity)
+                               capacity=capacity, cpus=cpus, memory_mb=memory_mb)
+        self.tasks = ship.TaskCache(config.ship_cache_dir or cache_dir() / "fleet-tasks", config.ship_cache_max_mb)
+        """Shipped task folders on this node (see :mod:`~clawgym_env.fleet.ship`)."""
         if config.worker_setup is not None:
             config.worker_setup(self.info)
         self.config = config
@@ -88,15 +88,28 @@ class RolloutWorker:
                     self._installed[adapter.name] = exc
             return self._installed[adapter.name]
 
-    def run(self, task: Task, adapter: HarnessAdapter, kwargs: dict[str, Any]) -> EpisodeResult:
-        """One episode of ``task`` through ``adapter`` on this node (``kwargs`` go to ``run_episode``)."""
+    def run(self, task: Task, adapter: HarnessAdapter, kwargs: dict[str, Any],
+            shipped: ship.ShippedTask | None = None) -> EpisodeResult:
+        """One episode of ``task`` through ``adapter`` on this node (``kwargs`` go to ``run_episode``); a task
+        whose folders this node lacks runs from ``shipped``, its copy in the object store."""
         policy_name = getattr(self.policy, "name", "policy")
+        in_cache: ship.ShippedTask | None = None
         try:
-            missing = missing_task_files(task)
+            missing = ship.missing_folders(task)
+            if missing and shipped is not None and shipped.layout:
+                try:
+                    task = self.tasks.materialise(task, shipped, self._fetch)
+                    in_cache = shipped
+                except ship.ShipError as exc:
+                    return infra_result(task, adapter.name, policy_name, "task",
+                                        f"task {task.full_id} is not on node {self.info.node} and its shipped "
+                                        f"copy cannot be used: {exc}")
+                missing = ship.missing_folders(task)
             if missing:
                 return infra_result(task, adapter.name, policy_name, "task",
                                     f"task {task.full_id}: {', '.join(missing)} is not on node {self.info.node}; "
-                                    "put the suite on a filesystem every node sees at the same path")
+                                    "put the suite on a filesystem every node sees at the same path, or ship it "
+                                    "(FleetConfig.ship_tasks)")
             failure = self._install(adapter) if self.config.install_harnesses else None
             if failure is not None:
                 return infra_result(task, adapter.name, policy_name, "harness",
@@ -104,11 +117,26 @@ class RolloutWorker:
                                     f"{type(failure).__name__}: {failure}")
             options = {"sandbox": self.config.sandbox, "out_dir": self.config.out_dir, "judge": self.config.judge,
                        **kwargs}
-            return run_episode(task, adapter, self.proxy, **options)
+            result = run_episode(task, adapter, self.proxy, **options)
+            if in_cache is not None:
+                result.record.logs["fleet_task_shipped"] = str(in_cache.digest)
+            return result
         except Exception as exc:  # noqa: BLE001 - one failed rollout never sinks the batch
             log.error("worker %s: episode of %s raised", self.info.node, task.id, exc_info=exc)
             verdict = exception_failure(exc)
             return infra_result(task, adapter.name, policy_name, verdict.boundary or "internal", verdict.error or "")
+        finally:
+            if in_cache is not None:
+                self.tasks.release(in_cache)
+
+    @staticmethod
+    def _fetch(ref: Any) -> ship.TaskBundle:
+        import ray
+
+        bundle = ray.get(ref)
+        if not isinstance(bundle, ship.TaskBundle):
+            raise ship.ShipError(f"the shipped task is a {type(bundle).__name__}, not a TaskBundle")
+        return bundle
 
     def close(self) -> None:
         """Stop the worker's serving proxy."""

@@ -6,7 +6,9 @@ messages and tools (``GenerationContext.messages``/``tools``, OpenAI chat shape)
 official SDK (``openai`` or ``anthropic``). The upstream's answer (text, tool calls, reasoning
 when the API returns it) is written as the Qwen3 assistant text
 (:func:`~clawgym_env.policy.chat_format.assistant_text`) and encoded with the Qwen3 tokenizer, so
-the proxy's pipeline (parsing, dialect rendering, capture) runs unchanged.
+the proxy's pipeline (parsing, dialect rendering, capture) runs unchanged. With the ``openai`` SDK's own
+clients a reply is read raw (the JSON body, the streamed events: :mod:`~clawgym_env.policy.passthrough_wire`)
+rather than as the SDK's typed models: the same request, retries and errors at half the client's CPU time.
 
 Invariants:
   * every :class:`Generation` has ``token_exact=False``: the ids are a re-tokenisation of the
@@ -21,6 +23,10 @@ Invariants:
     when the policy is built, and failure messages are redacted: an upstream that echoes the key in an
     error puts it neither into the agent's view (the proxy's error body) nor into any record;
   * thread safe: one SDK client (thread safe by design), failures kept under a lock;
+  * every SDK client the policy built is closed: the sync one by :meth:`PassthroughPolicy.close`; an async
+    one (bound to its event loop) when its loop's runner shuts down (a holder task, cancelled at shutdown,
+    closes it there: the proxy's loop ends with the proxy) or by :meth:`PassthroughPolicy.close`, whichever
+    comes first. Clients given to the constructor belong to the caller and are never closed here;
   * streaming (:meth:`PassthroughPolicy.generate_stream`, used by the proxy for a streaming request):
     the upstream is asked with ``stream=True`` through the SDK's async client (one per event loop) and
     its content/reasoning text is yielded as it arrives; the final :class:`Generation` is built from the
@@ -35,8 +41,9 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextlib
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -44,79 +51,22 @@ from typing import Any
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams, TextDelta
 from clawgym_env.policy.chat_format import assistant_text
+from clawgym_env.policy.passthrough_wire import (  # noqa: F401 - openai_messages, anthropic_request re-exported
+    Answer,
+    anthropic_answer,
+    anthropic_request,
+    anthropic_stream,
+    openai_answer,
+    openai_json_answer,
+    openai_messages,
+    openai_raw_stream,
+    openai_stream,
+)
 from clawgym_env.redact import redact, register_secret
 
 PROVIDERS = ("openai", "anthropic")
-
-
-def _args(arguments: Any) -> dict[str, Any] | str:
-    """Tool-call arguments as an object when they are valid JSON (canonical rendering), else as given."""
-    if isinstance(arguments, dict):
-        return arguments
-    try:
-        value = json.loads(arguments or "{}")
-    except (TypeError, ValueError):
-        return str(arguments)
-    return value if isinstance(value, dict) else str(arguments)
-
-
-def openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Normalised chat messages → the Chat Completions request shape (only the fields it accepts)."""
-    out = []
-    for m in messages:
-        role = m.get("role")
-        msg: dict[str, Any] = {"role": role, "content": m.get("content") or ""}
-        if role == "assistant" and m.get("tool_calls"):
-            msg["tool_calls"] = [{"id": tc.get("id") or f"call_{i}", "type": "function",
-                                  "function": {"name": tc["function"]["name"],
-                                               "arguments": tc["function"].get("arguments") or "{}"}}
-                                 for i, tc in enumerate(m["tool_calls"])]
-            if not msg["content"]:
-                msg["content"] = None
-        if role == "tool":
-            msg["tool_call_id"] = m.get("tool_call_id") or ""
-        out.append(msg)
-    return out
-
-
-def anthropic_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> tuple[str, list, list]:
-    """Normalised chat messages and function tools → (system, messages, tools) for the Messages API.
-
-    System messages join into ``system``; tool results become ``tool_result`` blocks of a user turn;
-    consecutive turns of one role merge (the API wants them alternating).
-    """
-    system: list[str] = []
-    out: list[dict[str, Any]] = []
-
-    def add(role: str, blocks: list[dict[str, Any]]) -> None:
-        if not blocks:
-            return
-        if out and out[-1]["role"] == role:
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": role, "content": list(blocks)})
-
-    for m in messages:
-        role, text = m.get("role"), m.get("content") or ""
-        if role == "system":
-            system.append(text)
-        elif role == "assistant":
-            blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text.strip() else []
-            for i, tc in enumerate(m.get("tool_calls") or []):
-                args = _args(tc["function"].get("arguments"))
-                blocks.append({"type": "tool_use", "id": tc.get("id") or f"toolu_{len(out)}_{i}",
-                               "name": tc["function"]["name"], "input": args if isinstance(args, dict) else {}})
-            add("assistant", blocks)
-        elif role == "tool":
-            add("user", [{"type": "tool_result", "tool_use_id": m.get("tool_call_id") or "", "content": text}])
-        elif text:
-            add("user", [{"type": "text", "text": text}])
-    specs = []
-    for t in tools:
-        fn = t.get("function", t)
-        specs.append({"name": fn["name"], "description": fn.get("description") or "",
-                      "input_schema": fn.get("parameters") or {"type": "object", "properties": {}}})
-    return "\n\n".join(s for s in system if s), out, specs
+log = logging.getLogger("clawgym.policy")
+_INLINE = 4096  # answers shorter than this (characters) are encoded on the event loop (well under a millisecond)
 
 
 class PassthroughPolicy(PolicyBackend):
@@ -143,8 +93,10 @@ class PassthroughPolicy(PolicyBackend):
         self._lock = threading.Lock()
         self._api_key, self._timeout, self._max_retries = api_key, timeout, max_retries
         self._async_given = async_client
-        self._async: dict[int, tuple[asyncio.AbstractEventLoop, Any]] = {}  # id(loop) -> (loop, async client)
+        # id(loop) -> (loop, async client, the task that holds it open and closes it when the loop shuts down)
+        self._async: dict[int, tuple[asyncio.AbstractEventLoop, Any, asyncio.Task]] = {}
         self._build_async = client is None  # an injected sync client comes without the means to stream
+        self._owns_client = client is None
         register_secret(api_key)  # an upstream that echoes the key must not put it into views or records
         register_secret(getattr(async_client, "api_key", None))
         if client is not None:
@@ -182,11 +134,14 @@ class PassthroughPolicy(PolicyBackend):
         """Send the call's messages to the upstream API and re-encode its answer as Qwen3 ids
         (``token_exact=False``, logprobs carrying no information)."""
         try:
-            if self.provider == "openai":
-                answer = _openai_answer(self._client.chat.completions.create(**self._openai_kwargs(ctx, params)),
-                                        self.model)
+            if self.provider != "openai":
+                answer = anthropic_answer(self._client.messages.create(**self._anthropic_kwargs(ctx, params)))
+            elif _raw_capable(self._client):
+                raw = self._client.post("/chat/completions", cast_to=bytes, body=self._openai_kwargs(ctx, params))
+                answer = openai_json_answer(json.loads(raw), self.model)
             else:
-                answer = _anthropic_answer(self._client.messages.create(**self._anthropic_kwargs(ctx, params)))
+                answer = openai_answer(self._client.chat.completions.create(**self._openai_kwargs(ctx, params)),
+                                       self.model)
         except Exception as exc:  # noqa: BLE001 - SDK errors (HTTP, connection, timeout) are policy failures
             raise self._failed(ctx.episode_id, exc) from exc
         return self._generation(answer)
@@ -195,18 +150,23 @@ class PassthroughPolicy(PolicyBackend):
                               ctx: GenerationContext) -> AsyncIterator[TextDelta | Generation]:
         """:meth:`generate`, streamed from the upstream with its async SDK client: text deltas as they arrive,
         then the same :class:`Generation` the non-streaming call gives for the same answer."""
-        answer = _Answer()
+        answer = Answer()
         try:
             client = self._async_client()
-            if self.provider == "openai":
-                deltas = _openai_stream(client, self._openai_kwargs(ctx, params), self.model, answer)
+            if self.provider != "openai":
+                deltas = anthropic_stream(client, self._anthropic_kwargs(ctx, params), answer)
+            elif _raw_capable(client):
+                deltas = _raw_stream(client, self._openai_kwargs(ctx, params), self.model, answer)
             else:
-                deltas = _anthropic_stream(client, self._anthropic_kwargs(ctx, params), answer)
+                deltas = openai_stream(client, self._openai_kwargs(ctx, params), self.model, answer)
             async for delta in deltas:
                 yield delta
         except Exception as exc:  # noqa: BLE001 - SDK errors (HTTP, connection, timeout, a cut stream)
             raise self._failed(ctx.episode_id, exc) from exc
-        yield await asyncio.to_thread(self._generation, answer)
+        if len(answer.content) + len(answer.reasoning or "") + sum(len(str(a)) for _, a in answer.calls) < _INLINE:
+            yield self._generation(answer)  # a short answer encodes faster than a hop to a worker thread
+        else:
+            yield await asyncio.to_thread(self._generation, answer)
 
     def _failed(self, episode_id: str, exc: Exception) -> PolicyError:
         """The :class:`PolicyError` for an upstream failure, remembered for the episode."""
@@ -217,24 +177,71 @@ class PassthroughPolicy(PolicyBackend):
         self._remember(episode_id, msg)
         return exc if isinstance(exc, PolicyError) else PolicyError(msg)
 
-    def _generation(self, answer: _Answer) -> Generation:
+    def _generation(self, answer: Answer) -> Generation:
         text = assistant_text(answer.content, reasoning=answer.reasoning, tool_calls=answer.calls)
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=answer.finish, token_exact=False)
 
     def _async_client(self) -> Any:
-        """The async SDK client for the running event loop (one per loop: an async client is bound to its loop)."""
+        """The async SDK client for the running event loop (one per loop: an async client is bound to its loop),
+        built on first use together with the task that closes it when the loop shuts down."""
         if self._async_given is not None:
             return self._async_given
         loop = asyncio.get_running_loop()
         with self._lock:
-            for key in [k for k, (other, _) in self._async.items() if other.is_closed()]:
+            for key in [k for k, (other, _, _) in self._async.items() if other.is_closed()]:
                 del self._async[key]
             entry = self._async.get(id(loop))
             if entry is None or entry[0] is not loop:
-                entry = (loop, self._make_client(asynchronous=True))
+                client = self._make_client(asynchronous=True)
+                holder = loop.create_task(self._hold(id(loop), client), name=f"{self.name} client holder")
+                entry = (loop, client, holder)
                 self._async[id(loop)] = entry
             return entry[1]
+
+    async def _hold(self, key: int, client: Any) -> None:
+        """Keep ``client`` open until cancelled (by the loop's runner as it shuts down, or by :meth:`close`),
+        then close it on its own loop."""
+        try:
+            await asyncio.get_running_loop().create_future()  # never set
+        finally:
+            with self._lock:
+                entry = self._async.get(key)
+                if entry is not None and entry[1] is client:
+                    del self._async[key]
+            try:
+                await client.close()
+            except Exception as exc:  # noqa: BLE001 - closing is best effort; the loop is going away
+                log.debug("closing the async %s client failed: %s", self.provider, exc)
+
+    def open_clients(self) -> list[Any]:
+        """The SDK clients this policy built and has not closed yet: the sync one, one async one per event
+        loop that streamed and still runs."""
+        with self._lock:
+            clients = [client for loop, client, _ in self._async.values() if not loop.is_closed()]
+        if self._owns_client:
+            clients.insert(0, self._client)
+        return [c for c in clients if not c.is_closed()]
+
+    def close(self) -> None:
+        """Close the SDK clients this policy built (idempotent); the policy answers no call afterwards.
+
+        An async client is closed on its own loop: scheduled there (and awaited up to 5 s) from another
+        thread, or left to its holder task when called on that loop."""
+        with self._lock:
+            entries, self._async = list(self._async.values()), {}
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        for loop, _, holder in entries:
+            if loop is here:
+                holder.cancel()
+            elif loop.is_running():
+                with contextlib.suppress(RuntimeError, TimeoutError):  # the loop stopped meanwhile
+                    asyncio.run_coroutine_threadsafe(_cancel(holder), loop).result(timeout=5)
+        if self._owns_client:
+            self._client.close()
 
     def _make_client(self, *, asynchronous: bool) -> Any:
         opts: dict[str, Any] = {"base_url": self.base_url, "api_key": self._api_key, "timeout": self._timeout,
@@ -279,91 +286,23 @@ class PassthroughPolicy(PolicyBackend):
         return kwargs
 
 
-@dataclasses.dataclass
-class _Answer:
-    """The upstream's answer as the capture reads it (filled in by a stream as it ends)."""
-
-    content: str = ""
-    reasoning: str | None = None
-    calls: list[tuple[str, dict[str, Any] | str]] = dataclasses.field(default_factory=list)
-    finish: str = "stop"
+async def _cancel(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
-def _reasoning(obj: Any) -> str | None:
-    extra = getattr(obj, "model_extra", None) or {}
-    value = extra.get("reasoning_content") or extra.get("reasoning") or None
-    return value if isinstance(value, str) else None
+def _raw_capable(client: Any) -> bool:
+    """Whether ``client`` is the ``openai`` SDK's own (sync or async) client: then a reply is read raw (the
+    same request, retries, auth and error types, without a typed model per reply or stream chunk; about
+    half the client's CPU time per call)."""
+    import openai
+
+    return isinstance(client, openai.OpenAI | openai.AsyncOpenAI)
 
 
-def _openai_answer(resp: Any, model: str) -> _Answer:
-    if not resp.choices:
-        raise PolicyError(f"upstream {model!r} returned no choices")
-    choice = resp.choices[0]
-    msg = choice.message
-    calls = [(tc.function.name, _args(tc.function.arguments)) for tc in (msg.tool_calls or [])
-             if getattr(tc, "function", None) is not None]
-    return _Answer(msg.content or "", _reasoning(msg), calls, "length" if choice.finish_reason == "length" else "stop")
+async def _raw_stream(client: Any, kwargs: dict[str, Any], model: str, answer: Answer) -> AsyncIterator[TextDelta]:
+    """A streamed Chat Completions call through the async SDK client, its server-sent events read raw."""
+    async with client.chat.completions.with_streaming_response.create(**kwargs, stream=True) as resp:
+        async for delta in openai_raw_stream(resp.iter_lines(), model, answer):
+            yield delta
 
-
-async def _openai_stream(client: Any, kwargs: dict[str, Any], model: str, answer: _Answer) -> AsyncIterator[TextDelta]:
-    """Chat Completions streamed: yield text as it comes, then fill ``answer`` as :func:`_openai_answer` would."""
-    content: list[str] = []
-    reasoning: list[str] = []
-    calls: dict[int, list[str]] = {}  # index -> [name, arguments so far]
-    finish, chosen = None, False
-    stream = await client.chat.completions.create(**kwargs, stream=True)
-    async with stream:
-        async for chunk in stream:
-            if not chunk.choices:
-                continue
-            choice, chosen = chunk.choices[0], True
-            delta = choice.delta
-            think = _reasoning(delta)
-            if think:
-                reasoning.append(think)
-                yield TextDelta("reasoning", think)
-            if delta.content:
-                content.append(delta.content)
-                yield TextDelta("content", delta.content)
-            for tc in delta.tool_calls or []:
-                slot = calls.setdefault(tc.index, ["", ""])
-                if tc.function is not None:
-                    slot[0] = slot[0] or tc.function.name or ""
-                    slot[1] += tc.function.arguments or ""
-            finish = choice.finish_reason or finish
-    if not chosen:
-        raise PolicyError(f"upstream {model!r} returned no choices")
-    answer.content, answer.reasoning = "".join(content), ("".join(reasoning) if reasoning else None)
-    answer.calls = [(name, _args(args)) for _, (name, args) in sorted(calls.items()) if name]
-    answer.finish = "length" if finish == "length" else "stop"
-
-
-def _anthropic_answer(resp: Any) -> _Answer:
-    texts: list[str] = []
-    thinking: list[str] = []
-    calls: list[tuple[str, dict[str, Any] | str]] = []
-    for block in resp.content:
-        kind = getattr(block, "type", None)
-        if kind == "text":
-            texts.append(block.text)
-        elif kind == "thinking":
-            thinking.append(getattr(block, "thinking", ""))
-        elif kind == "tool_use":
-            calls.append((block.name, dict(block.input or {})))
-    finish = "length" if resp.stop_reason == "max_tokens" else "stop"
-    return _Answer("".join(texts), "\n".join(thinking) if thinking else None, calls, finish)
-
-
-async def _anthropic_stream(client: Any, kwargs: dict[str, Any], answer: _Answer) -> AsyncIterator[TextDelta]:
-    """Messages streamed (the SDK's stream helper): yield text as it comes, then fill ``answer`` from the
-    final message exactly as :func:`_anthropic_answer` reads a non-streamed one."""
-    async with client.messages.stream(**kwargs) as stream:
-        async for event in stream:
-            if event.type == "text" and event.text:
-                yield TextDelta("content", event.text)
-            elif event.type == "thinking" and event.thinking:
-                yield TextDelta("reasoning", event.thinking)
-        final = await stream.get_final_message()
-    done = _anthropic_answer(final)
-    for field in dataclasses.fields(done):
-        setattr(answer, field.name, getattr(done, field.name))

@@ -34,18 +34,21 @@ a side call: it renders the prompt with the real template and is not recorded. K
 (:func:`keepalive`) are the API's ``ping`` events; an in-stream error is ``event: error`` with the
 error envelope, which the SDKs raise. A live answer (:func:`live`, :mod:`~clawgym_env.proxy.live`) sends
 the same blocks, the thinking and text ones as the policy's text arrives.
+
+This module maps requests; the answer side lives in :mod:`~clawgym_env.proxy.anthropic_render` (the
+``message`` object, the error envelope) and :mod:`~clawgym_env.proxy.anthropic_stream` (the events: whole,
+live and keep-alive), and is re-exported here, where the dialect registry finds it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Iterator
 from typing import Any
 
 from clawgym_env.policy.chat_format import render_prompt_ids
-from clawgym_env.proxy.dialect_common import JOIN, json_object, new_id, split_output, sse
-from clawgym_env.proxy.live import Kind, LiveStart, rest
+from clawgym_env.proxy.anthropic_render import error_body, render_response, signature
+from clawgym_env.proxy.anthropic_stream import MessagesKeepAlive, MessagesLive, keepalive, live, stream_response
+from clawgym_env.proxy.dialect_common import JOIN
 from clawgym_env.proxy.requests_anthropic import (
     AssistantContent,
     Conversation,
@@ -64,10 +67,13 @@ from clawgym_env.proxy.requests_anthropic import (
     UserMessage,
 )
 from clawgym_env.proxy.requests_base import bad, validate_body
-from clawgym_env.proxy.sessions import TurnRequest, TurnResult
+from clawgym_env.proxy.sessions import TurnRequest
+
+__all__ = ["MessagesKeepAlive", "MessagesLive", "count_tokens", "error_body", "keepalive", "live", "parse_request",
+           "render_response", "signature", "stream_response"]
 
 _PLACEHOLDERS = {"image": "[image]", "document": "[document]"}
-_STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
+
 
 
 def _placeholder(block: PlaceholderBlock) -> str:
@@ -214,218 +220,3 @@ def count_tokens(body: Any, tokenizer: Any) -> dict[str, int]:
     except Exception as exc:  # noqa: BLE001 - a template failure is a bad request
         raise bad(f"the chat template could not render these messages: {exc}", "messages") from exc
     return {"input_tokens": len(ids)}
-
-
-def signature(thinking: str) -> str:
-    """The signature sent with a thinking block (a digest of its text; never checked on the way back)."""
-    return "clawgym-" + hashlib.sha256(thinking.encode("utf-8")).hexdigest()
-
-
-def _blocks_out(res: TurnResult) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    """(final block, stream deltas) per content block, in order: thinking, text, tool_use."""
-    out = split_output(res)
-    blocks: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
-    if out.reasoning:
-        sig = signature(out.reasoning)
-        deltas = [{"type": "thinking_delta", "thinking": c} for c in out.reasoning_chunks]
-        blocks.append(({"type": "thinking", "thinking": out.reasoning, "signature": sig},
-                       deltas + [{"type": "signature_delta", "signature": sig}]))
-    if out.content or not out.calls:
-        blocks.append(({"type": "text", "text": out.content},
-                       [{"type": "text_delta", "text": c} for c in out.content_chunks]))
-    for call in out.calls:
-        args = json_object(call.arguments)
-        chunks = call.chunks
-        if args is None:  # not a JSON object: wrap it so ``input`` stays an object
-            args = {"_raw_arguments": call.arguments}
-            chunks = [json.dumps(args, ensure_ascii=False)]
-        blocks.append(({"type": "tool_use", "id": call.id, "name": call.name, "input": args},
-                       [{"type": "input_json_delta", "partial_json": c} for c in chunks]))
-    return blocks
-
-
-def _stop(res: TurnResult) -> tuple[str, str | None]:
-    if res.stop_sequence is not None and res.finish_reason == "stop":
-        return "stop_sequence", res.stop_sequence
-    return _STOP.get(res.finish_reason, "end_turn"), None
-
-
-def _usage(res: TurnResult) -> dict[str, int]:
-    return {"input_tokens": res.prompt_tokens, "output_tokens": res.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-
-
-def _message(res: TurnResult, model: str, content: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": res.request.model or model,
-            "content": content, "stop_reason": None, "stop_sequence": None, "usage": _usage(res)}
-
-
-def render_response(res: TurnResult, model: str) -> dict[str, Any]:
-    """The ``message`` object for a finished turn."""
-    msg = _message(res, model, [block for block, _ in _blocks_out(res)])
-    msg["stop_reason"], msg["stop_sequence"] = _stop(res)
-    return msg
-
-
-def stream_response(res: TurnResult, model: str) -> Iterator[str]:
-    """SSE events: message_start, ping, per block content_block_start / _delta... / _stop,
-    message_delta (stop_reason, usage), message_stop. Deltas follow the sampled tokens."""
-    start = _message(res, model, [])
-    start["usage"] = {**start["usage"], "output_tokens": 0}
-    yield sse("message_start", {"type": "message_start", "message": start})
-    yield sse("ping", {"type": "ping"})
-    for index, (block, deltas) in enumerate(_blocks_out(res)):
-        yield _block_start(index, block)
-        for delta in deltas:
-            yield _block_delta(index, delta)
-        yield _block_stop(index)
-    yield from _end(res)
-
-
-_EMPTY: dict[str, dict[str, Any]] = {"thinking": {"thinking": "", "signature": ""}, "text": {"text": ""},
-                                     "tool_use": {"input": {}}}
-
-
-def _block_start(index: int, block: dict[str, Any]) -> str:
-    head = {k: v for k, v in block.items() if k in ("type", "id", "name")}
-    return sse("content_block_start", {"type": "content_block_start", "index": index,
-                                       "content_block": {**head, **_EMPTY[block["type"]]}})
-
-
-def _block_delta(index: int, delta: dict[str, Any]) -> str:
-    return sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
-
-
-def _block_stop(index: int) -> str:
-    return sse("content_block_stop", {"type": "content_block_stop", "index": index})
-
-
-def _end(res: TurnResult) -> Iterator[str]:
-    reason, seq = _stop(res)
-    yield sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
-                                "usage": _usage(res)})
-    yield sse("message_stop", {"type": "message_stop"})
-
-
-class MessagesLive:
-    """Live writer of one Messages request (see :mod:`~clawgym_env.proxy.live`): the events
-    :func:`stream_response` sends, the thinking and text blocks opened as the policy's text arrives."""
-
-    def __init__(self, req: TurnRequest, model: str, start: LiveStart) -> None:
-        usage = {"input_tokens": start.prompt_tokens, "output_tokens": 0, "cache_creation_input_tokens": 0,
-                 "cache_read_input_tokens": 0}
-        self.start: dict[str, Any] = {"id": new_id("msg_"), "type": "message", "role": "assistant",
-                                      "model": req.model or model, "content": [], "stop_reason": None,
-                                      "stop_sequence": None, "usage": usage}
-        self.index = -1
-        self.streamed: list[str] = []  # block types opened live, in order
-        self.open: str | None = None  # the live block still open
-        self.thinking = ""  # the thinking text sent so far
-
-    def tick(self) -> str:
-        """A ``ping`` event (as :class:`MessagesKeepAlive`)."""
-        return sse("ping", {"type": "ping"})
-
-    def head(self) -> str:
-        """``message_start`` and a ``ping``."""
-        return sse("message_start", {"type": "message_start", "message": self.start}) + self.tick()
-
-    def _open(self, kind: str) -> str:
-        self.index += 1
-        self.open = kind
-        self.streamed.append(kind)
-        return _block_start(self.index, {"type": kind})
-
-    def _close(self, thinking: str | None = None) -> str:
-        out = ""
-        if self.open == "thinking":
-            sig = signature(self.thinking if thinking is None else thinking)
-            out += _block_delta(self.index, {"type": "signature_delta", "signature": sig})
-        self.open = None
-        return out + _block_stop(self.index)
-
-    def delta(self, kind: Kind, text: str) -> str:
-        """A thinking or text delta, opening (and closing the thinking) block as needed."""
-        out = ""
-        if kind == "reasoning":
-            if self.open is None and not self.streamed:
-                out += self._open("thinking")
-            if self.open != "thinking":
-                return out
-            self.thinking += text
-            return out + _block_delta(self.index, {"type": "thinking_delta", "thinking": text})
-        if self.open == "thinking":
-            out += self._close()
-        if self.open is None:
-            out += self._open("text")
-        return out + _block_delta(self.index, {"type": "text_delta", "text": text})
-
-    def finish(self, res: TurnResult, sent: dict[Kind, str]) -> Iterator[str]:
-        """The rest of the live blocks, the blocks not streamed (tool uses), then :func:`stream_response`'s end."""
-        out = split_output(res)
-        for block, deltas in _blocks_out(res):
-            kind = block["type"]
-            if kind in self.streamed:
-                if self.open == kind:
-                    final = out.reasoning if kind == "thinking" else out.content
-                    text = rest(sent["reasoning" if kind == "thinking" else "content"], final, kind)
-                    if text:
-                        key = "thinking" if kind == "thinking" else "text"
-                        yield _block_delta(self.index, {"type": f"{key}_delta", key: text})
-                    yield self._close(final)
-                continue
-            if self.open is not None:
-                yield self._close()
-            self.index += 1
-            yield _block_start(self.index, block)
-            for delta in deltas:
-                yield _block_delta(self.index, delta)
-            yield _block_stop(self.index)
-        if self.open is not None:
-            yield self._close()
-        yield from _end(res)
-
-    def error(self, status: int, message: str, field: str | None, code: str | None) -> str:
-        """``event: error`` with :func:`error_body` (as :class:`MessagesKeepAlive`)."""
-        return sse("error", error_body(status, message, field, code))
-
-
-def live(req: TurnRequest, body: Any, model: str, start: LiveStart) -> MessagesLive:
-    """The live writer of a streaming Messages request."""
-    return MessagesLive(req, model, start)
-
-
-class MessagesKeepAlive:
-    """Keep-alive stream of one Messages request (see :mod:`~clawgym_env.proxy.keepalive`)."""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-
-    def tick(self) -> str:
-        """The API's own ``ping`` event."""
-        return sse("ping", {"type": "ping"})
-
-    def answer(self, res: TurnResult) -> Iterator[str]:
-        """The events :func:`stream_response` sends."""
-        return stream_response(res, self.model)
-
-    def error(self, status: int, message: str, field: str | None, code: str | None) -> str:
-        """``event: error`` with :func:`error_body`."""
-        return sse("error", error_body(status, message, field, code))
-
-
-def keepalive(req: TurnRequest, body: Any, model: str) -> MessagesKeepAlive:
-    """The keep-alive stream of a streaming Messages request."""
-    return MessagesKeepAlive(model)
-
-
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                503: "overloaded_error", 529: "overloaded_error"}
-
-
-def error_body(status: int, message: str, field: str | None = None, code: str | None = None) -> dict[str, Any]:
-    """Anthropic's error envelope ``{"type": "error", "error": {"type", "message"}}``."""
-    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": message}, "request_id": new_id("req_")}
-

@@ -141,10 +141,14 @@ class RelayHolder:
             os.close(read_fd)
             self._info_fd = -1
         if not _json_complete(info) or not ready.startswith(b"ready"):
+            if proc.poll() is None:
+                killpg(proc.pid)
+            proc.wait()  # then what it wrote on stderr (read before stop() closes the pipe)
+            raw = _read_until(proc.stderr.fileno(), time.monotonic() + 2, lambda d: False) if proc.stderr else b""
+            err = raw.decode(errors="replace")[-2000:]
             self.stop()
-            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
-            raise SandboxError(f"the sandbox's proxy relay did not start within {READY_TIMEOUT_S:.0f} s "
-                               f"(exit {proc.returncode}): {err.strip() or 'no output'}; check that bwrap works "
+            raise SandboxError(f"the sandbox's proxy relay did not start (exit {proc.returncode}, waited at most "
+                               f"{READY_TIMEOUT_S:.0f} s): {err.strip() or 'no output'}; check that bwrap works "
                                "and that the proxy socket exists")
         facts = json.loads(info)
         self.pid, self.netns_inode = int(facts["child-pid"]), int(facts["net-namespace"])

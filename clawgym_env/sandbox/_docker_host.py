@@ -36,6 +36,7 @@ import ctypes.util
 import io
 import os
 import posixpath
+import pwd
 import stat
 import tarfile
 import threading
@@ -109,6 +110,21 @@ class Place:
         if self.mounted:
             _sys("umount2")(os.fsencode(self.path), MNT_DETACH)
             self.mounted = False
+
+
+def account(uid: int) -> str | None:
+    """The name of the host account with ``uid``, if any."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
+def tmpfs_opts(size_mb: int | None, mode: str) -> str:
+    """Docker tmpfs options of a place of ``size_mb`` MiB (None: no size limit)."""
+    if size_mb is None:
+        return f"mode={mode},exec"
+    return f"size={int(size_mb)}m,nr_inodes={max(4096, int(size_mb) * 128)},mode={mode},exec"
 
 
 def stage_in(src: str, place: Place, uid: int, gid: int) -> None:
@@ -227,11 +243,12 @@ def release(res: dict[str, Any]) -> list[str]:
             place.release()
         except OSError as exc:
             errors.append(f"could not free {place.path}: {exc}")
-    if "root" in res:
-        try:
-            remove_tree(res.pop("root"))
-        except OSError:
-            pass
+    for key in ("root", "ctl"):  # the staging folder; a pooled container's proxy socket folder
+        if key in res:
+            try:
+                remove_tree(res.pop(key))
+            except OSError:
+                pass
     if client is not None:
         client.close()
     return errors

@@ -6,7 +6,8 @@ Invariants:
     uid (and root) can enter, so no other host user and no other sandbox can reach it;
   * :func:`ensure_reaper` starts, once per process, a watcher in its own session that waits for this
     process to end (however it ends, ``kill -9`` included) and then unmounts and removes what its
-    sandboxes still hold, so a killed driver leaves no mount and no tmpfs memory behind;
+    sandboxes still hold, and their cgroups, so a killed driver leaves no mount, no tmpfs memory and
+    no cgroup behind;
     :func:`sweep_stale` removes, by pid, what a driver whose reaper did not run left;
   * :func:`copy_owned` is :func:`clawgym_env.workspace_files.copy_tree` (links never followed,
     holes and hard links kept, bounded memory, special files skipped, no setuid/setgid/sticky entry)
@@ -21,6 +22,7 @@ import os
 import stat
 import subprocess
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from clawgym_env.tree_walk import chown_tree, iter_entries, remove_tree
@@ -31,6 +33,7 @@ MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 _reaper_lock = threading.Lock()
 _reaper: dict[int, int] = {}  # pid of this process -> write end of the pipe its reaper waits on
+_told: dict[int, set[str]] = {}  # pid of this process -> what its reaper was told to remove
 
 
 def _check(rc: int, what: str) -> None:
@@ -80,21 +83,45 @@ def others_can_reach(path: Path) -> bool:
     return True
 
 
-def ensure_reaper(prefix: str) -> None:
-    """Start this process's reaper once (see the invariants); ``prefix`` starts its folders' names,
-    followed by this process's pid and ``-``."""
+_REAPER_SH = r"""
+while IFS= read -r line; do set -- "$@" "$line"; done
+for a in "$@"; do v=${a#?}; case $a in M*)
+  grep -o " [^ ]*/$v[^ /]* " /proc/self/mountinfo | sort -u | while read m; do umount -l "$m"; rmdir "$m"; done;;
+esac; done
+for a in "$@"; do v=${a#?}; case $a in
+  C*) for d in "$v"*; do n=0
+        while [ -d "$d" ] && ! rmdir "$d" 2>/dev/null && [ $n -lt 100 ]; do
+          kill -9 $(cat "$d/cgroup.procs" 2>/dev/null) 2>/dev/null; sleep 0.1; n=$((n+1)); done; done;;
+  D*) for d in "$v"*; do [ -e "$d" ] && rm -rf -- "$d"; done;;
+esac; done
+"""
+
+
+def ensure_reaper(prefix: str | None = None, cgroup_parents: Sequence[Path] = (), folders: Path | None = None) -> None:
+    """Start this process's reaper once (see the invariants) and tell it what to remove when this process
+    is gone: the mounts whose folder name starts with ``prefix`` + this process's pid + ``-`` (unmounted,
+    then the folder removed), the cgroups ``clawgym-<pid>-*`` under each of ``cgroup_parents`` (emptied,
+    then removed: the sandboxes' processes die with their bwrap, ``--die-with-parent``), and the
+    folders ``folders/<prefix><pid>-*`` (deleted). Each is told once per process."""
+    me = os.getpid()
+    lines = [f"M{prefix}{me}-"] if prefix else []
+    lines += [f"C{p}/clawgym-{me}-" for p in cgroup_parents]
+    if folders is not None and prefix:
+        lines.append(f"D{folders}/{prefix}{me}-")
     with _reaper_lock:
-        if os.getpid() in _reaper:
-            return
-        r, w = os.pipe()  # both ends non-inheritable: only the reaper gets ``r``, nothing else gets ``w``
-        script = (f'read _; grep -o " [^ ]*/{prefix}{os.getpid()}-[^ /]* " /proc/self/mountinfo | sort -u | '
-                  'while read m; do umount -l "$m"; rmdir "$m"; done')
-        try:
-            subprocess.Popen(["/bin/sh", "-c", script], stdin=r, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
-        finally:
-            os.close(r)
-        _reaper[os.getpid()] = w
+        if me not in _reaper:
+            r, w = os.pipe()  # both ends non-inheritable: only the reaper gets ``r``, nothing else gets ``w``
+            try:
+                subprocess.Popen(["/bin/sh", "-c", _REAPER_SH], stdin=r, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
+            finally:
+                os.close(r)
+            _reaper[me] = w
+            _told[me] = set()
+        for line in lines:
+            if line not in _told[me] and "\n" not in line:
+                os.write(_reaper[me], (line + "\n").encode())
+                _told[me].add(line)
 
 
 def sweep_stale(tmp_dir: Path, prefix: str) -> None:

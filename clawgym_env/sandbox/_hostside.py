@@ -36,6 +36,7 @@ from clawgym_env.sandbox.base import SandboxLimits
 
 SCAN_FOR_SECRETS = ("/etc", "/opt")  # system config trees that hold root-only credentials
 _secrets_cache: dict[str, list[tuple[str, bool]]] = {}
+_parents_cache: dict[int, list[Path]] = {}
 
 
 class Cgroup:
@@ -118,6 +119,30 @@ class Cgroup:
                         break
                     time.sleep(0.02)
         self.dirs = [d for d in self.dirs if d.exists()]
+
+
+def cgroup_parents() -> list[Path]:
+    """The writable cgroup folders (one per hierarchy) under which sandboxes' cgroups are made (looked up
+    once per process)."""
+    if os.getpid() not in _parents_cache:
+        own_v1, own_v2 = _own_cgroups()
+        found = (_hierarchy_base(c, own_v1, own_v2) for c in ("memory", "pids", "cpu"))
+        _parents_cache[os.getpid()] = list(dict.fromkeys(hit[0] for hit in found if hit is not None))
+    return list(_parents_cache[os.getpid()])
+
+
+def sweep_stale_cgroups(parents: list[Path]) -> None:
+    """Empty and remove the cgroups ``clawgym-<pid>-*`` under ``parents`` whose process ``pid`` is gone (a
+    driver killed before its reaper could run)."""
+    for parent in parents:
+        for d in parent.glob("clawgym-*-*"):
+            pid = d.name.split("-")[1]
+            if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+                _kill_cgroup(d)
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
 
 
 def _own_cgroups() -> tuple[dict[str, str], str | None]:

@@ -29,6 +29,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from clawgym_env.errors import SandboxError
+
 DEFAULT_PROXY_PORT = 18080
 
 
@@ -146,6 +148,7 @@ SANDBOX_ID_BASE = 2_100_000_000
 """First host uid/gid of the range sandboxes map to when this process is root (overridable with
 ``CLAWGYM_SANDBOX_UID_BASE``). The range holds ``SANDBOX_ID_SLOTS`` ids, none of them a real user."""
 SANDBOX_ID_SLOTS = 1 << 25
+MAX_SANDBOX_ID = (1 << 31) - 1
 _id_counter = itertools.count()
 
 
@@ -160,6 +163,10 @@ def sandbox_host_ids() -> tuple[int, int]:
     if os.getuid() != 0:
         return os.getuid(), os.getgid()
     base = int(os.environ.get("CLAWGYM_SANDBOX_UID_BASE", SANDBOX_ID_BASE))
+    if not 65536 <= base <= MAX_SANDBOX_ID - SANDBOX_ID_SLOTS:
+        raise SandboxError(f"CLAWGYM_SANDBOX_UID_BASE={base}: the sandbox ids [base, base + {SANDBOX_ID_SLOTS}) must "
+                           f"lie in [65536, {MAX_SANDBOX_ID}] (bwrap's user namespaces refuse ids from 2**31); "
+                           "unset it or pick a base in that range")
     slot = (os.getpid() * 4099 + next(_id_counter)) % SANDBOX_ID_SLOTS
     return base + slot, base + slot
 

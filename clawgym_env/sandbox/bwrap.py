@@ -43,7 +43,8 @@ Other invariants:
     may lie under the private HOME; a source the sandbox uid cannot look up on the host (e.g. under
     ``/root``) is first bound read-only into the sandbox's private folder;
   * an exec that times out has its whole process tree killed (process group of ``bwrap``; the pid
-    namespace takes every process inside with it) and returns ``ExecResult(timed_out=True)``;
+    namespace takes every process inside with it) and returns ``ExecResult(timed_out=True)``; an exec
+    still running when ``close`` is called (from any thread) is killed the same way, cgroup or not;
   * captured stdout/stderr keep at most ``max_output_bytes`` each (the tail);
   * ``read_file``/``write_file``: see :mod:`clawgym_env.sandbox._bwrap_files`;
   * when the sandbox maps to this process's own uid (not root), files under ``/etc`` and ``/opt``
@@ -69,7 +70,14 @@ from clawgym_env.sandbox import _hostfs
 from clawgym_env.sandbox._bwrap_files import MountTableFiles
 from clawgym_env.sandbox._bwrap_relay import RelayHolder, holder_possible
 from clawgym_env.sandbox._bwrap_run import _FIX, check_bwrap, killpg, pump, setpriv_prefix, user_args
-from clawgym_env.sandbox._hostside import SCAN_FOR_SECRETS, Cgroup, plan_limits, unreadable_entries
+from clawgym_env.sandbox._hostside import (
+    SCAN_FOR_SECRETS,
+    Cgroup,
+    cgroup_parents,
+    plan_limits,
+    sweep_stale_cgroups,
+    unreadable_entries,
+)
 from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxSpec, sandbox_host_ids
 
 RUN_DIR = "/run/clawgym"
@@ -128,6 +136,7 @@ class BwrapSandbox(MountTableFiles, Sandbox):
         self._tbl: list[tuple[str, Path, bool]] = []  # (target, real host source, writable)
         self._places: dict[str, Path] = {}  # writable place -> host folder
         self._holders: list[RelayHolder] = []  # the relay holder, when one serves every exec (root)
+        self._running: set[subprocess.Popen] = set()  # execs in progress: close() kills them (any thread)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def __enter__(self) -> BwrapSandbox:
@@ -167,10 +176,12 @@ class BwrapSandbox(MountTableFiles, Sandbox):
             raise SandboxError(f"the sandbox uid cannot enter {tmp}: every folder on the way needs o+x "
                                "(`chmod o+x` it, or pass another tmp_root / TMPDIR)")
         if self._private:
-            _hostfs.ensure_reaper(_PREFIX)
+            _hostfs.ensure_reaper(_PREFIX, cgroup_parents() if self.use_cgroups else ())
             if str(tmp) not in _swept:
                 _swept.add(str(tmp))
                 _hostfs.sweep_stale(tmp, _PREFIX)
+                if self.use_cgroups:
+                    sweep_stale_cgroups(cgroup_parents())
         root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=tmp))
         self._dirs.append(root)
         self.root = root
@@ -234,6 +245,8 @@ class BwrapSandbox(MountTableFiles, Sandbox):
     def close(self) -> None:
         """Kill what is left, hand the workspace back (sanitized), delete the rest. Idempotent."""
         if self._finalizer is not None and self._finalizer.alive and self.root is not None:
+            for proc in list(self._running):  # an exec running in another thread ends now, not at its timeout
+                killpg(proc.pid)
             self._cgroup.destroy()
             try:
                 self._hand_back()
@@ -372,6 +385,7 @@ class BwrapSandbox(MountTableFiles, Sandbox):
         except OSError as e:
             raise SandboxError(f"could not start bwrap: {e}; fix: {_FIX}") from e
         deadline = None if timeout is None else t0 + timeout
+        self._running.add(proc)
         try:
             out, err, timed_out = pump(proc, stdin, deadline, self.max_output_bytes)
             if not timed_out:  # the pipes closed; the command itself may still run (output redirected)
@@ -380,6 +394,7 @@ class BwrapSandbox(MountTableFiles, Sandbox):
                 except subprocess.TimeoutExpired:
                     timed_out = True
         finally:
+            self._running.discard(proc)
             if proc.poll() is None:
                 killpg(proc.pid)
             proc.wait()

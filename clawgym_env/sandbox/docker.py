@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import pwd
 import sys
 import tempfile
 import time
@@ -77,6 +76,7 @@ from clawgym_env.sandbox import _hostfs
 from clawgym_env.sandbox._docker_host import (
     IMAGE,
     Place,
+    account,
     connect,
     ensure_image,
     limit_options,
@@ -84,6 +84,7 @@ from clawgym_env.sandbox._docker_host import (
     plan_ro_mounts,
     release,
     stage_in,
+    tmpfs_opts,
 )
 from clawgym_env.sandbox._docker_stream import pump
 from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxSpec, sandbox_host_ids
@@ -100,19 +101,6 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _account(uid: int) -> str | None:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return None
-
-
-def _tmpfs_opts(size_mb: int | None, mode: str) -> str:
-    if size_mb is None:
-        return f"mode={mode},exec"
-    return f"size={int(size_mb)}m,nr_inodes={max(4096, int(size_mb) * 128)},mode={mode},exec"
-
-
 class DockerSandbox(Sandbox):
     """A sandbox backed by one Docker container (see the module docstring for the invariants).
 
@@ -126,6 +114,10 @@ class DockerSandbox(Sandbox):
             default, ``runc``); ``runsc`` (gVisor, registered with the engine) puts a user-space kernel
             between the agent and the host kernel.
     """
+
+    _warm = False
+    """A pool's container, made ahead of its episode (docker_pool.py): no workspace copied in and no
+    proxy socket bound at start; the pool hands both over later."""
 
     def __init__(self, spec: SandboxSpec, *, max_output_bytes: int = 1 << 20, tmp_root: Path | None = None,
                  image: str = IMAGE, runtime: str | None = None) -> None:
@@ -167,9 +159,9 @@ class DockerSandbox(Sandbox):
         if not self.spec.unprivileged:
             raise SandboxError(ROOT_FIX)
         uid, gid = self.spec.host_ids or sandbox_host_ids()
-        if os.geteuid() == 0 and (0 in (uid, gid) or _account(uid)):
+        if os.geteuid() == 0 and (0 in (uid, gid) or account(uid)):
             raise SandboxError(f"sandbox host ids {(uid, gid)} are host root or a user of this host "
-                               f"({_account(uid) or 'root'}); leave spec.host_ids None or give ids no account has")
+                               f"({account(uid) or 'root'}); leave spec.host_ids None or give ids no account has")
         return int(uid), int(gid)
 
     def _start(self) -> None:
@@ -179,13 +171,13 @@ class DockerSandbox(Sandbox):
         for p in (spec.workspace_target, spec.home):
             if not posixpath.isabs(p):
                 raise SandboxError(f"sandbox path {p!r} must be absolute")
-        if not Path(spec.workspace_host).is_dir():
+        if not self._warm and not Path(spec.workspace_host).is_dir():
             raise SandboxError(f"workspace {spec.workspace_host} does not exist or is not a folder; create it first")
         for src in [*spec.ro_paths, *(h for h, _t, _w in spec.extra_binds)]:
             if not os.path.lexists(src):
                 raise SandboxError(f"bind source {src} does not exist on the host; remove it from the spec")
         sock = None if spec.proxy_socket is None else Path(spec.proxy_socket).resolve()
-        if sock is not None and not sock.exists():
+        if sock is not None and not self._warm and not sock.exists():
             raise SandboxError(f"proxy socket {spec.proxy_socket} does not exist; start the proxy first")
         self.uid, self.gid = uid, gid = self._ids()
         self._client = self._res["client"] = connect()
@@ -198,7 +190,8 @@ class DockerSandbox(Sandbox):
         self._res["places"] = places = [Place(root / "home", uid, gid, disk, 0o711), Place(root / "ws", uid, gid, disk)]
         home, ws = places
         ws_host = os.path.realpath(spec.workspace_host)
-        stage_in(ws_host, ws, uid, gid)
+        if not self._warm:
+            stage_in(ws_host, ws, uid, gid)
 
         binds, masks = plan_ro_mounts(list(spec.ro_paths), list(spec.hidden_paths), Path(ws_host))
         mounts: dict[str, tuple[str, bool]] = {t: (h, False) for t, h in binds.items()}
@@ -211,7 +204,7 @@ class DockerSandbox(Sandbox):
                        f"{CTL_DIR}/relay.py": (str(here / "relay.py"), False)})
         by_target = {posixpath.normpath(spec.home): home, posixpath.normpath(spec.workspace_target): ws}
         self._premake(mounts, by_target)
-        tmpfs = {"/tmp": _tmpfs_opts(disk, "1777")}
+        tmpfs = {"/tmp": tmpfs_opts(disk, "1777")}
         tmpfs.update({m: "size=4k,nr_inodes=16,mode=0555" for m in masks})
         self._targets = sorted(((t, by_target.get(t)) for t in [*mounts, *tmpfs, "/dev/shm", PROXY_SOCK]),
                                key=lambda m: -len(m[0]))  # deepest first: the mount that holds a path
@@ -219,9 +212,10 @@ class DockerSandbox(Sandbox):
                          for t, (h, w) in sorted(mounts.items(), key=lambda m: m[0].count("/"))]
 
         command = [self._python(), "-I", "-S", f"{CTL_DIR}/launch.py", "init"]
-        if sock is not None:  # the socket itself, not its folder (which may hold anything)
-            docker_mounts.append(Mount(PROXY_SOCK, str(sock), type="bind", read_only=True))
-            command += [self._python(), "-I", "-S", f"{CTL_DIR}/relay.py", str(spec.proxy_port), PROXY_SOCK]
+        if sock is not None:
+            source, target, inside = self._proxy_mount(sock)
+            docker_mounts.append(Mount(target, source, type="bind", read_only=True))
+            command += [self._python(), "-I", "-S", f"{CTL_DIR}/relay.py", str(spec.proxy_port), inside]
         if disk is not None:
             kwargs["shm_size"] = f"{int(disk)}m"
         api = self._client.api
@@ -247,11 +241,17 @@ class DockerSandbox(Sandbox):
         if status != "running":
             raise SandboxError(f"sandbox container ended at start ({status}): its pid 1 ({self._python()}) "
                                "could not run; make sure that Python is visible through spec.ro_paths")
-        self._res["ws_out"] = (ws, ws_host)
+        if not self._warm:
+            self._res["ws_out"] = (ws, ws_host)
         for place in places:  # from now on only the container and our fds reach them
             place.detach()
         if all(p.fd is not None for p in places):
             _hostfs.discard(root)
+
+    def _proxy_mount(self, sock: Path) -> tuple[str, str, str]:
+        """(host source, mount target, socket path inside) of the proxy's bind: the socket itself, not its
+        folder (which may hold anything)."""
+        return str(sock), PROXY_SOCK, PROXY_SOCK
 
     def _premake(self, mounts: Mapping[str, tuple[str, bool]], places: Mapping[str, Place]) -> None:
         """Create, owned by the sandbox user, the parent folders of mountpoints inside HOME or the workspace

@@ -16,6 +16,8 @@ name                        what it stands in for
                             function (:mod:`~clawgym_env.testing.judge`)
 :class:`Marked`, ...        left-behind process checks for harness authors
                             (:mod:`~clawgym_env.testing.processes`)
+:class:`SlowPolicy`         a slow model: any policy held back on chosen calls, to test idle timeouts,
+                            keep-alives and forced retries (:func:`fail_once`; :mod:`~clawgym_env.testing.slow`)
 ==========================  ======================================================================
 
 Usage (a whole episode, graded, in a few seconds; needs bubblewrap and the Qwen3 tokenizer)::
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from clawgym_env.testing.judge import JudgeServer, free_port, replying
     from clawgym_env.testing.policy import FAIL, EchoScriptPolicy, echo_policy
     from clawgym_env.testing.processes import MARKER_ENV, Marked, Watch, assert_no_survivors, survivors
+    from clawgym_env.testing.slow import Delay, SlowPolicy, fail_once
     from clawgym_env.testing.suite import ECHO_TASKS, EchoTaskSpec, echo_suite, load_echo_suite
 
 _EXPORTS: dict[str, str] = {
@@ -53,12 +56,13 @@ _EXPORTS: dict[str, str] = {
     "JudgeServer": "judge", "replying": "judge", "free_port": "judge",
     "Marked": "processes", "Watch": "processes", "survivors": "processes", "assert_no_survivors": "processes",
     "MARKER_ENV": "processes",
+    "SlowPolicy": "slow", "fail_once": "slow", "Delay": "slow",
 }
 
 __all__ = [
-    "ECHO_TASKS", "EchoHarness", "EchoScriptPolicy", "EchoTaskSpec", "FAIL", "JudgeServer", "MARKER_ENV", "Marked",
-    "Watch", "assert_no_survivors", "echo_policy", "echo_suite", "free_port", "load_echo_suite", "replying",
-    "survivors",
+    "Delay", "ECHO_TASKS", "EchoHarness", "EchoScriptPolicy", "EchoTaskSpec", "FAIL", "JudgeServer", "MARKER_ENV",
+    "Marked", "SlowPolicy", "Watch", "assert_no_survivors", "echo_policy", "echo_suite", "fail_once", "free_port",
+    "load_echo_suite", "replying", "survivors",
 ]
 
 

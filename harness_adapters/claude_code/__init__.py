@@ -34,10 +34,13 @@ instruction starting with ``-`` is never read as a flag; ``read_output`` never r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from clawgym_env.harness import Endpoint, EpisodeResources, HarnessOutput, LaunchSpec
+from clawgym_env.capture.records import CallRecord
+from clawgym_env.harness import Endpoint, EpisodeResources, HarnessOutput, KindVerdict, LaunchSpec
 from clawgym_env.task import Task
+from harness_adapters.claude_code.kinds import claude_code_kinds
 from harness_adapters.claude_code.stream_json import parse_stream
 from harness_adapters.install import NpmPackage
 from harness_adapters.npm import NpmHarnessAdapter
@@ -109,6 +112,11 @@ class ClaudeCodeAdapter(NpmHarnessAdapter):
         """The final answer and transcript from the output; never raises."""
         final, transcript, _summary = parse_stream(stdout)
         return HarnessOutput(final_message=final, transcript=transcript)
+
+    def call_kinds(self, calls: Sequence[CallRecord]) -> list[KindVerdict]:
+        """Subagents by Claude Code's agent-id header, compaction by its appended instruction block, the rest
+        main (see :mod:`harness_adapters.claude_code.kinds`)."""
+        return claude_code_kinds(calls)
 
 
 Adapter = ClaudeCodeAdapter

@@ -23,12 +23,15 @@ so a misspelt switch can never be silently ignored.
 from __future__ import annotations
 
 import platform
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from clawgym_env.harness import Endpoint, EpisodeResources, HarnessOutput, LaunchSpec
+from clawgym_env.capture.records import CallRecord
+from clawgym_env.harness import Endpoint, EpisodeResources, HarnessOutput, KindVerdict, LaunchSpec
 from clawgym_env.task import Task
 from harness_adapters.codex.config import KEY_ENV, codex_config, parse_events, render_toml
+from harness_adapters.codex.kinds import codex_kinds
 from harness_adapters.install import NpmPackage
 from harness_adapters.npm import NpmHarnessAdapter
 
@@ -99,6 +102,11 @@ class CodexAdapter(NpmHarnessAdapter):
         """The final answer and transcript from the output; never raises."""
         final, transcript, _summary = parse_events(stdout)
         return HarnessOutput(final_message=final, transcript=transcript)
+
+    def call_kinds(self, calls: Sequence[CallRecord]) -> list[KindVerdict]:
+        """Main turns and compaction calls by the ``x-codex-turn-metadata`` header Codex writes (see
+        :mod:`harness_adapters.codex.kinds`)."""
+        return codex_kinds(calls)
 
 
 Adapter = CodexAdapter

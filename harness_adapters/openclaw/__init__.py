@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 
+from clawgym_env.capture.records import CallRecord
 from clawgym_env.errors import HarnessError
-from clawgym_env.harness import Endpoint, EpisodeResources, HarnessOutput, LaunchSpec
+from clawgym_env.harness import Endpoint, EpisodeResources, HarnessOutput, KindVerdict, LaunchSpec
 from clawgym_env.task import Task
 from harness_adapters.install import NpmPackage
 from harness_adapters.npm import NpmHarnessAdapter
 from harness_adapters.openclaw.envelope import parse_envelope
+from harness_adapters.openclaw.kinds import openclaw_kinds
 
 PACKAGE = NpmPackage("openclaw", "2026.9.6", "openclaw", min_node=24)
 PROVIDER = "clawgym"
@@ -117,6 +120,11 @@ class OpenClawAdapter(NpmHarnessAdapter):
     def read_output(self, stdout: str, stderr: str) -> HarnessOutput:
         """The final answer and transcript from the output; never raises."""
         return parse_envelope(stdout)
+
+    def call_kinds(self, calls: Sequence[CallRecord]) -> list[KindVerdict]:
+        """Main turns and compaction calls by the system prompt OpenClaw writes and the tools it offers (see
+        :mod:`harness_adapters.openclaw.kinds`)."""
+        return openclaw_kinds(calls)
 
 
 Adapter = OpenClawAdapter

@@ -19,12 +19,15 @@ Invariants:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
+from clawgym_env.capture.records import CallRecord
 from clawgym_env.errors import HarnessError
-from clawgym_env.harness import Endpoint, EpisodeResources, HarnessOutput, LaunchSpec
+from clawgym_env.harness import Endpoint, EpisodeResources, HarnessOutput, KindVerdict, LaunchSpec
 from clawgym_env.task import Task
 from harness_adapters.install import NpmPackage
 from harness_adapters.npm import NpmHarnessAdapter
+from harness_adapters.qwen_code.kinds import qwen_code_kinds
 from harness_adapters.qwen_code.stream import parse_stream
 
 PACKAGE = NpmPackage("@qwen-code/qwen-code", "0.24.4", "qwen", min_node=22)
@@ -61,6 +64,14 @@ def user_settings(auth_type: str = "openai") -> dict:
             "tools": {"useRipgrep": False}}  # the packaged rg lacks its exec bit; say so instead of failing over
 
 
+def merged(base: dict, extra: dict) -> dict:
+    """``base`` with ``extra`` merged in (nested objects merged key by key, other values replaced)."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def prompt_args(instruction: str) -> list[str]:
     """The instruction as the positional prompt; one that starts with ``-`` (which the CLI's parser
     would take for a flag, ``--`` included) is passed as ``--prompt=<text>`` instead."""
@@ -73,6 +84,9 @@ class QwenCodeAdapter(NpmHarnessAdapter):
     Args:
         auth_type: Qwen Code's ``--auth-type``: ``openai`` (Chat Completions), ``openai-responses`` or ``anthropic``.
         max_session_turns: passed as ``--max-session-turns`` when set (else the task's ``max_turns``).
+        extra_settings: more user settings, merged into ``~/.qwen/settings.json`` (opt-in; e.g.
+            ``{"context": {"autoCompactThreshold": 0.2}, "model": {"generationConfig": {"contextWindowSize": 60000}}}``
+            makes Qwen Code compact early); the pinned system settings still win.
         extra_env: more environment variables (override the defaults above).
         cache_dir: the harness cache (default: the project cache).
     """
@@ -83,12 +97,14 @@ class QwenCodeAdapter(NpmHarnessAdapter):
     package = PACKAGE
 
     def __init__(self, auth_type: str = "openai", *, max_session_turns: int | None = None,
-                 extra_env: dict[str, str] | None = None, cache_dir: str | None = None) -> None:
+                 extra_settings: dict | None = None, extra_env: dict[str, str] | None = None,
+                 cache_dir: str | None = None) -> None:
         if auth_type not in AUTH_TYPES:
             raise HarnessError(f"unsupported Qwen Code auth type {auth_type!r}; use one of {', '.join(AUTH_TYPES)}")
         self.auth_type = auth_type
         self.dialect = AUTH_TYPES[auth_type]
         self.max_session_turns = max_session_turns
+        self.extra_settings = dict(extra_settings or {})
         self.extra_env = dict(extra_env or {})
         super().__init__(cache_dir=cache_dir)
 
@@ -109,13 +125,19 @@ class QwenCodeAdapter(NpmHarnessAdapter):
                      "OPENAI_MODEL": endpoint.model}
         env = {**QUIET_ENV, **creds, "QWEN_CODE_SYSTEM_SETTINGS_PATH": system,
                "QWEN_CODE_SYSTEM_DEFAULTS_PATH": f"{qdir}/clawgym-system-defaults.json", **self.extra_env}
-        files: dict[str, str | bytes] = {f"{qdir}/settings.json": json.dumps(user_settings(self.auth_type), indent=2),
+        settings = merged(user_settings(self.auth_type), self.extra_settings)
+        files: dict[str, str | bytes] = {f"{qdir}/settings.json": json.dumps(settings, indent=2),
                  system: json.dumps(PINNED, indent=2), f"{qdir}/clawgym-system-defaults.json": "{}"}
         return LaunchSpec(argv=argv, env=env, files=files, cwd=task.mount_dir)
 
     def read_output(self, stdout: str, stderr: str) -> HarnessOutput:
         """The final answer and transcript from the output; never raises."""
         return parse_stream(stdout)
+
+    def call_kinds(self, calls: Sequence[CallRecord]) -> list[KindVerdict]:
+        """Main and subagent calls by the system prompt Qwen Code writes (see
+        :mod:`harness_adapters.qwen_code.kinds`)."""
+        return qwen_code_kinds(calls)
 
 
 Adapter = QwenCodeAdapter
