@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from clawgym_env.capture.records import CallKind, CallRecord
@@ -62,6 +62,18 @@ class EpisodeResources:
 
 KindVerdict = tuple[CallKind, str] | None
 """An adapter's verdict on one call: ``(kind, reason)``, or None to leave the call to the structural default."""
+
+
+def verdicts_per_call(calls: Sequence[CallRecord], judge: Callable[[CallRecord], KindVerdict]) -> list[KindVerdict]:
+    """``judge`` applied to every call, a call it cannot read (it raised) left to the structural default (None):
+    the usual body of :meth:`HarnessAdapter.call_kinds`. Never raises; answers for every call."""
+    out: list[KindVerdict] = []
+    for call in calls:
+        try:
+            out.append(judge(call))
+        except Exception:  # noqa: BLE001 - a malformed record is left to the structural default
+            out.append(None)
+    return out
 
 
 class HarnessAdapter(abc.ABC):

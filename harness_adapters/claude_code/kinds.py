@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clawgym_env.capture.records import CallRecord
-from clawgym_env.harness import KindVerdict
+from clawgym_env.harness import KindVerdict, verdicts_per_call
 
 AGENT_ID_HEADER = "x-claude-code-agent-id"
 PARENT_ID_HEADER = "x-claude-code-parent-agent-id"
@@ -95,10 +95,4 @@ def claude_code_kind(call: CallRecord) -> KindVerdict:
 
 def claude_code_kinds(calls: Sequence[CallRecord]) -> list[KindVerdict]:
     """Per call, :func:`claude_code_kind`; a call it cannot read is left to the default (None). Never raises."""
-    out: list[KindVerdict] = []
-    for call in calls:
-        try:
-            out.append(claude_code_kind(call))
-        except Exception:  # noqa: BLE001 - a malformed record is left to the structural default
-            out.append(None)
-    return out
+    return verdicts_per_call(calls, claude_code_kind)

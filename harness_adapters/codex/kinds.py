@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clawgym_env.capture.records import CallRecord
-from clawgym_env.harness import KindVerdict
+from clawgym_env.harness import KindVerdict, verdicts_per_call
 
 METADATA_HEADER = "x-codex-turn-metadata"
 ROOT_AGENT = "/root"
@@ -62,10 +62,4 @@ def codex_kind(call: CallRecord) -> KindVerdict:
 
 def codex_kinds(calls: Sequence[CallRecord]) -> list[KindVerdict]:
     """Per call, :func:`codex_kind`; a call it cannot read is left to the default (None). Never raises."""
-    out: list[KindVerdict] = []
-    for call in calls:
-        try:
-            out.append(codex_kind(call))
-        except Exception:  # noqa: BLE001 - a malformed record is left to the structural default
-            out.append(None)
-    return out
+    return verdicts_per_call(calls, codex_kind)

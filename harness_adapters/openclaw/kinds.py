@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clawgym_env.capture.records import CallRecord
-from clawgym_env.harness import KindVerdict
+from clawgym_env.harness import KindVerdict, verdicts_per_call
 
 MAIN_MARK = "<!-- openclaw:attempt:"
 MAIN_OPENING = "You are a personal assistant running inside OpenClaw."
@@ -74,10 +74,4 @@ def openclaw_kind(call: CallRecord) -> KindVerdict:
 
 def openclaw_kinds(calls: Sequence[CallRecord]) -> list[KindVerdict]:
     """Per call, :func:`openclaw_kind`; a call it cannot read is left to the default (None). Never raises."""
-    out: list[KindVerdict] = []
-    for call in calls:
-        try:
-            out.append(openclaw_kind(call))
-        except Exception:  # noqa: BLE001 - a malformed record is left to the structural default
-            out.append(None)
-    return out
+    return verdicts_per_call(calls, openclaw_kind)
