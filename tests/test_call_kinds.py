@@ -97,9 +97,11 @@ def test_a_resent_prompt_marks_the_earlier_call_discarded(mixed):
     empty = [calls[0].model_copy(update={"prompt_token_ids": [], "call_index": i}) for i in range(2)]
     assert find_discarded(empty) == {}
     # identical prompts whose answers were both continued (nested subagents) are not retries
-    twin = calls[0].model_copy(update={"call_index": 1})
+    twin = calls[0].model_copy(update={"call_index": 1, "output_token_ids": calls[0].output_token_ids[:-1] + [13]})
     both = [calls[0], twin, calls[2].model_copy(update={"call_index": 2})]
     assert find_discarded(both) == {}, "calls[2] continues from calls[0]'s answer"
+    same = [calls[0], calls[0].model_copy(update={"call_index": 1}), calls[2].model_copy(update={"call_index": 2})]
+    assert find_discarded(same) == {0: 1}, "an identical answer re-sent is a copy: the earlier one is discarded"
     # an abandoned attempt that finishes after its retry: order by arrival, not by call_index
     late = calls[2].model_copy(update={"call_index": 6, "started_at": 1.0})
     retry = calls[5].model_copy(update={"call_index": 5, "started_at": 2.0})

@@ -19,8 +19,9 @@ Invariants:
   * the rule for a dead retry is the harness's own behaviour, not a guess about content: call ``j`` is discarded
     exactly when a call that *started* later (``started_at``: the request's arrival; an abandoned call often
     finishes after its retry, so ``call_index``, the finishing order, would pick the wrong one) has a prompt
-    identical to ``j``'s, token for token, and no later call continues from ``j``'s answer (its prompt starts with
-    ``j``'s prompt + output: nested subagents may send identical prompts and all be continued);
+    identical to ``j``'s, token for token, and either it answered exactly as ``j`` did (a copy: the tree keeps its
+    tokens once, through the retry) or no call continues from ``j``'s answer (its prompt starts with ``j``'s
+    prompt + output: nested subagents may send identical prompts and all be continued);
     ``discarded_by`` is the first such retry. Calls with an empty prompt are never matched.
   * the structural default is deterministic and depends only on the calls' prompt ids and their order.
 """
@@ -88,6 +89,9 @@ def find_discarded(calls: Sequence[CallRecord]) -> dict[int, int]:
         last_seen[key] = c
     out: dict[int, int] = {}
     for j, (rec, pos) in candidates.items():
+        if list(rec.output_token_ids) == list(order[pos].output_token_ids):  # the same answer again: a copy of it
+            out[j] = order[pos].call_index
+            continue
         seq = list(rec.prompt_token_ids) + list(rec.output_token_ids)
         continued = rec.output_token_ids and any(
             len(c.prompt_token_ids) >= len(seq) and c.prompt_token_ids[:len(seq)] == seq for c in order)
