@@ -51,7 +51,7 @@ from clawgym_env.failures import (
 from clawgym_env.grading import grade_episode
 from clawgym_env.harness import Endpoint, HarnessAdapter
 from clawgym_env.policy.base import SamplingOverrides
-from clawgym_env.sandbox import SandboxSpec, get_backend, host_toolchain_paths
+from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend, host_toolchain_paths
 from clawgym_env.task import Task
 from clawgym_env.workspace_files import Entry, copy_tree, remove_tree, snapshot
 
@@ -161,7 +161,8 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, *, sand
         if session.socket_path is None:  # ProxyServer.open_episode gives every episode its own socket
             raise RuntimeError(f"episode {episode_id}: the proxy opened no socket for it")
         spec = SandboxSpec(workspace_host=ws, workspace_target=task.mount_dir, proxy_socket=session.socket_path,
-                           ro_paths=host_toolchain_paths() + list(adapter.ro_paths()))
+                           ro_paths=host_toolchain_paths() + list(adapter.ro_paths()),
+                           limits=SandboxLimits(**task.limits.sandbox_overrides()))
         if trace_network:  # DNS queries are then sent (to nobody) and show up, names included, in the trace
             (root / "resolv.conf").write_text("nameserver 127.0.0.1\n")
             spec.extra_binds.append((root / "resolv.conf", "/etc/resolv.conf", False))

@@ -28,7 +28,8 @@ from pydantic import BaseModel, Field
 class TaskLimits(BaseModel):
     """Per-task limits; a task dir may override any of them in ``data_entry.json["limits"]``.
 
-    Invariant: every limit is strictly positive.
+    Invariant: every limit is strictly positive; ``disk_mb`` and ``memory_mb`` may also be ``None``
+    (the sandbox's default, never "unlimited").
     """
 
     timeout_s: float = Field(default=600.0, gt=0)
@@ -37,6 +38,18 @@ class TaskLimits(BaseModel):
     """Turn limit for harnesses that take one (the reference harness ``mini``)."""
     reward_timeout_s: float = Field(default=120.0, gt=0)
     """Wall-clock limit of the verifier (``reward/reward.sh``)."""
+    disk_mb: int | None = Field(default=None, gt=0)
+    """Disk quota of the agent's sandbox, in MiB, for each writable place (workspace, HOME, ``/tmp``,
+    ``/dev/shm``); a write past it fails inside with ENOSPC and the episode records ``disk:<place>`` in
+    ``limits_hit``. ``None``: the sandbox's default (:class:`~clawgym_env.sandbox.SandboxLimits`, 2 GiB)."""
+    memory_mb: int | None = Field(default=None, gt=0)
+    """Memory limit of the agent's sandbox, in MiB (on bubblewrap as root the tmpfs places count
+    towards it). ``None``: the sandbox's default (:class:`~clawgym_env.sandbox.SandboxLimits`, 4 GiB)."""
+
+    def sandbox_overrides(self) -> dict[str, int]:
+        """The :class:`~clawgym_env.sandbox.SandboxLimits` fields this task sets (those not ``None``),
+        to apply over the sandbox's defaults; every other sandbox limit keeps its default."""
+        return {k: v for k, v in (("disk_mb", self.disk_mb), ("memory_mb", self.memory_mb)) if v is not None}
 
 
 class Task(BaseModel):

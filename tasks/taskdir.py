@@ -9,6 +9,13 @@ A task dir is a folder::
       reward/reward.sh  prints the score, a float in [0, 1], as its last stdout line
       expert.json       optional (this project's extension): {"steps": [...], "wrong": [...]}
 
+``limits`` (:class:`~clawgym_env.task.TaskLimits`; every key optional, every value positive):
+``timeout_s`` (the agent's wall clock, default 600), ``max_turns`` (30), ``reward_timeout_s`` (the
+verifier's wall clock, 120), ``disk_mb`` (the sandbox's disk quota in MiB for each writable place:
+workspace, HOME, ``/tmp``, ``/dev/shm``; null or absent: the sandbox default, 2048) and ``memory_mb``
+(the sandbox's memory limit in MiB; null or absent: 4096), e.g.
+``{"timeout_s": 300, "max_turns": 20, "disk_mb": 64}``.
+
 Invariants of a :class:`~clawgym_env.task.Task` returned by :func:`load_task_dir`:
   * ``id`` is the ``task_id`` of ``data_entry.json`` (non-empty, no ``/``, no whitespace);
   * ``instruction`` is ``user_query`` verbatim;
@@ -47,6 +54,7 @@ PAYLOAD_ENV = "OPENCLAW_REWARD_PAYLOAD"
 
 _TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _LIMIT_KEYS = tuple(TaskLimits.model_fields)
+_OPTIONAL_LIMITS = ("disk_mb", "memory_mb")  # null: the sandbox's default
 _EXPERT_TOOLS = {"write_file": ("path", "content"), "bash": ("command",), "read_file": ("path",)}
 
 
@@ -93,6 +101,8 @@ def _parse_limits(raw: Any, path: Path) -> TaskLimits:
     if unknown:
         raise TaskError(f"{path}: unknown key(s) {unknown} in 'limits'; allowed: {list(_LIMIT_KEYS)}")
     for k, v in raw.items():
+        if v is None and k in _OPTIONAL_LIMITS:
+            continue
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TaskError(f"{path}: limits.{k} must be a positive number, got {v!r}")
     try:
@@ -100,7 +110,7 @@ def _parse_limits(raw: Any, path: Path) -> TaskLimits:
     except ValidationError as e:
         probs = "; ".join(f"limits.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise TaskError(f"{path}: {probs}; every limit must be a positive number "
-                        f"(max_turns a whole number)") from e
+                        f"(max_turns, disk_mb and memory_mb whole numbers)") from e
 
 
 def load_task_dir(path: str | Path, suite: str | None = None) -> Task:

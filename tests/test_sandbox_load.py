@@ -29,7 +29,7 @@ import pytest
 from clawgym_env.errors import SandboxError
 from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
 from clawgym_env.runtime import RolloutPool, Runtime
-from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend
+from clawgym_env.sandbox import SandboxSpec, get_backend
 from clawgym_env.sandbox._hostside import _hierarchy_base, _own_cgroups
 from clawgym_env.sandbox.bwrap import check_bwrap
 from clawgym_env.task import Task, TaskLimits
@@ -258,20 +258,19 @@ def test_bwrap_close_from_another_thread_without_cgroups_kills_the_exec(isolated
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["bwrap", pytest.param("docker", marks=pytest.mark.docker)])
-def test_one_episode_filling_its_workspace_does_not_touch_its_neighbours(backend, isolated, tmp_path, monkeypatch,
+def test_one_episode_filling_its_workspace_does_not_touch_its_neighbours(backend, isolated, tmp_path,
                                                                          request):
     if backend == "docker":
         request.getfixturevalue("engine")
     elif (why := _bwrap_problem()) is not None:
         pytest.skip(why)
-    import clawgym_env.episode as episode
-
     tmp, uids = isolated
-    monkeypatch.setattr(episode, "SandboxSpec",  # a small quota (the default 2 GiB would cost 2 GiB of RAM)
-                        lambda **kw: SandboxSpec(limits=SandboxLimits(disk_mb=32), **kw))
+    # a small quota set by the tasks (the default 2 GiB would cost 2 GiB of RAM)
+    small = TaskLimits(timeout_s=120.0, max_turns=4, reward_timeout_s=60.0, disk_mb=32)
     mark = uuid.uuid4().hex
-    ok = echo_suite(tmp_path / "ok", [EchoTaskSpec(f"ok-{i}", f"hello {i}", expect=f"hello {i}") for i in range(5)])
-    fill = echo_suite(tmp_path / "fill", [EchoTaskSpec("fill-0", "full", expect="full")])
+    ok = echo_suite(tmp_path / "ok", [EchoTaskSpec(f"ok-{i}", f"hello {i}", expect=f"hello {i}") for i in range(5)],
+                    limits=small)
+    fill = echo_suite(tmp_path / "fill", [EchoTaskSpec("fill-0", "full", expect="full")], limits=small)
     tasks = [*ok.tasks[:2], fill.tasks[0], *ok.tasks[2:]]
     with Runtime(EchoScriptPolicy(), sandbox=backend, out_dir=tmp_path / "eps") as rt:
         results = RolloutPool(rt, concurrency=6, progress=False).run(tasks, Chaos(mark))
