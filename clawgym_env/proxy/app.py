@@ -271,12 +271,16 @@ class ProxyApp:
                     treq: TurnRequest, meta: TurnMeta, executor: Executor) -> Response:
         """A streaming request served while a streaming policy's text arrives (:mod:`clawgym_env.proxy.live`)."""
         policy, keepalive_s = self.server.policy, self.server.keepalive_s
+        session.call_started()  # ended by the LiveTurn's pump once recorded or failed
         try:
-            fut = asyncio.get_running_loop().run_in_executor(executor, prepare_turn, session, policy, treq,
-                                                             self.server.limits)
+            prep = await asyncio.get_running_loop().run_in_executor(executor, prepare_turn, session, policy, treq,
+                                                                    self.server.limits)
         except RuntimeError as exc:  # executor shut down under us
+            session.call_ended()
             raise ProxyError("the proxy is shutting down", status=503, code="unavailable") from exc
-        prep = await fut
+        except BaseException:
+            session.call_ended()
+            raise
         classify, note = self._in_stream_failures(request)
         turn = LiveTurn(session, policy, treq, meta, prep, executor, lambda exc: note(classify(exc)))
         first = await turn.next_item(keepalive_s)

@@ -126,7 +126,11 @@ def _held(raw: str, marks: Sequence[str]) -> int:
 
 
 class LiveTurn:
-    """One live call: the policy's stream pumped into a queue by its own task (see the module invariants)."""
+    """One live call: the policy's stream pumped into a queue by its own task (see the module invariants).
+
+    The caller has counted the call in flight (:meth:`EpisodeSession.call_started`); the pump ends it once
+    the call is recorded or failed.
+    """
 
     def __init__(self, session: EpisodeSession, policy: PolicyBackend, req: TurnRequest, meta: TurnMeta,
                  prep: PreparedTurn, executor: Executor, on_failure: Callable[[BaseException], None]) -> None:
@@ -153,6 +157,8 @@ class LiveTurn:
             self.queue.put_nowait(exc)
             if self._gone:
                 self.on_failure(exc)
+        finally:
+            self.session.call_ended()  # begun by the app before prepare_turn
 
     async def _drain(self) -> Generation:
         """Forward the policy's text deltas to the queue; its final :class:`Generation`."""

@@ -31,6 +31,9 @@ Invariants:
   * Bounds (see :mod:`~clawgym_env.proxy.limits`): body bytes and per-read time, JSON depth, prompt
     characters before tokenising; idle/stalled connections are closed; a client that disconnects
     mid-body is logged as a disconnect.
+  * ``close_episode`` first waits up to ``drain_s`` for the episode's calls still in flight (a slow answer
+    whose client gave up and retried is recorded, as a dead attempt, rather than lost); a call that ends
+    later still is not recorded, and is logged with the episode's id.
   * ``start()`` and ``stop()`` are idempotent; a failed ``start()`` leaves no thread, socket or
     directory behind; ``stop()`` shuts down gracefully, then forcibly, and removes the socket.
 """
@@ -81,7 +84,9 @@ class ProxyServer:
                  model_name: str | None = None, workers: int = 64, max_body_bytes: int = 64 << 20,
                  graceful_s: float = 5.0, log_level: str = "warning", max_prompt_chars: int = 0,
                  max_json_depth: int = DEFAULT_MAX_JSON_DEPTH, read_timeout_s: float = 60.0,
-                 idle_timeout_s: float = 60.0, keepalive_s: float = 5.0) -> None:
+                 idle_timeout_s: float = 60.0, keepalive_s: float = 5.0, drain_s: float = 10.0) -> None:
+        if drain_s < 0:
+            raise ValueError(f"drain_s={drain_s!r} must be >= 0 (seconds close_episode waits for calls in flight)")
         self.policy = policy
         self.host = host
         self.requested_port = port
@@ -92,6 +97,7 @@ class ProxyServer:
         self.read_timeout_s = read_timeout_s  # the longest wait for the next chunk of a request body
         self.idle_timeout_s = idle_timeout_s  # a connection with no request in progress this long is closed
         self.keepalive_s = keepalive_s  # a streaming turn running this long gets keep-alives (0: never)
+        self.drain_s = drain_s  # close_episode waits this long for the episode's calls in flight
         self.model_name = model_name or policy.name
         self.workers = workers
         self.max_body_bytes = max_body_bytes
@@ -241,10 +247,17 @@ class ProxyServer:
 
     def close_episode(self, token: str) -> list[CallRecord]:
         """Unregister an episode, remove its socket and return its calls in order; its token is unknown
-        afterwards (its ``session.failures`` stay readable).
+        afterwards (its ``session.failures`` stay readable). Calls still in flight get up to ``drain_s``
+        to be recorded first (see the module invariants).
 
         Raises :class:`ProxyError` (status 404) for an unknown or already closed token.
         """
+        session = self.registry.get(token)
+        if session is not None and self.drain_s > 0:
+            left = session.wait_idle(self.drain_s)
+            if left:
+                log.warning("episode %s: %d call(s) still in flight after %.1f s are not recorded",
+                            session.episode_id, left, self.drain_s)
         with self._lock:
             listener = self._episode_listeners.pop(token, None)
             server = self._uvicorn

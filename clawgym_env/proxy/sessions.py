@@ -114,6 +114,37 @@ class EpisodeSession:
         self._stubs: list[_SpliceStub] = []
         self._fh: TextIO | None = None
         self._lock = threading.Lock()
+        self._in_flight = 0
+        self._idle = threading.Condition(self._lock)
+
+    def call_started(self) -> None:
+        """Note a call that has begun (rendering or generating); pair with :meth:`call_ended`."""
+        with self._lock:
+            self._in_flight += 1
+
+    def call_ended(self) -> None:
+        """Note that a call begun with :meth:`call_started` is recorded or failed."""
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)
+            if not self._in_flight:
+                self._idle.notify_all()
+
+    @property
+    def in_flight(self) -> int:
+        """Calls begun and neither recorded nor failed yet (e.g. a slow answer whose client gave up)."""
+        with self._lock:
+            return self._in_flight
+
+    def wait_idle(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for the calls in flight to end; how many are still in flight."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        with self._idle:
+            while self._in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._idle.wait(left)
+            return self._in_flight
 
     def start_capture(self) -> None:
         """Create (truncate) ``calls_path``, mode 0600, for the records to stream to (no-op without it)."""

@@ -73,15 +73,20 @@ def prepare_turn(session: EpisodeSession, policy: PolicyBackend, req: TurnReques
 
 def run_turn(session: EpisodeSession, policy: PolicyBackend, req: TurnRequest, meta: TurnMeta,
              limits: Limits) -> TurnResult:
-    """Render → generate → cut → parse → record. Blocking: call it from a worker thread."""
-    prep = prepare_turn(session, policy, req, limits)
+    """Render → generate → cut → parse → record. Blocking: call it from a worker thread. The call counts as
+    in flight on the session (:meth:`EpisodeSession.call_started`) until it is recorded or failed."""
+    session.call_started()
     try:
-        gen = policy.generate(list(prep.prompt_ids), prep.params, prep.ctx)
-    except PolicyError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any policy crash is a policy failure (502), not ours
-        raise PolicyError(f"policy {policy.name!r} failed: {type(exc).__name__}: {exc}") from exc
-    return finish_turn(session, policy, req, meta, prep, gen)
+        prep = prepare_turn(session, policy, req, limits)
+        try:
+            gen = policy.generate(list(prep.prompt_ids), prep.params, prep.ctx)
+        except PolicyError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any policy crash is a policy failure (502), not ours
+            raise PolicyError(f"policy {policy.name!r} failed: {type(exc).__name__}: {exc}") from exc
+        return finish_turn(session, policy, req, meta, prep, gen)
+    finally:
+        session.call_ended()
 
 
 def finish_turn(session: EpisodeSession, policy: PolicyBackend, req: TurnRequest, meta: TurnMeta,
