@@ -48,7 +48,7 @@ Same contract as the bubblewrap backend (see base.py). What it promises, and how
   written file and new folders go to the sandbox user); any other path, or one with a link or a
   special file on the way, is read or written by a command running as the sandbox user inside the
   container (at most ``file_timeout_s``), so both see exactly what the sandbox sees and a planted
-  link is never followed on the host. Failures raise SandboxError.
+  link is never followed on the host. Failures raise SandboxError (:mod:`clawgym_env.sandbox._docker_files`).
 * **Limits.** ``memory_mb`` → cgroup memory without swap, ``max_procs`` → cgroup pids, ``cpus`` →
   CFS quota (``nano_cpus``), all for the whole container; ``open_files`` → RLIMIT_NOFILE; ``cpu_s`` →
   RLIMIT_CPU per exec'd process (the relay is exempt); ``disk_mb`` → tmpfs ``size`` of each of the
@@ -73,14 +73,15 @@ from typing import Any
 
 from clawgym_env.errors import SandboxError
 from clawgym_env.sandbox import _hostfs
+from clawgym_env.sandbox._docker_files import DockerFiles
 from clawgym_env.sandbox._docker_host import (
     IMAGE,
     Place,
+    _under,
     account,
     connect,
     ensure_image,
     limit_options,
-    open_in_place,
     plan_ro_mounts,
     release,
     stage_in,
@@ -97,11 +98,7 @@ ROOT_FIX = ("the Docker backend cannot run commands as root inside: without the 
             "mapped to an unprivileged host id)")
 
 
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-class DockerSandbox(Sandbox):
+class DockerSandbox(DockerFiles, Sandbox):
     """A sandbox backed by one Docker container (see the module docstring for the invariants).
 
     Args:
@@ -356,62 +353,7 @@ class DockerSandbox(Sandbox):
         except Exception as exc:
             raise SandboxError(f"could not kill a timed-out command: {exc}") from exc
 
-    # ---- files -----------------------------------------------------------------------------
-    def read_file(self, path: str) -> bytes:
-        """Read a file inside the sandbox, from the host side where the path lies in a private place,
-        else through the container."""
-        fd = self._host_fd(path, write=False)
-        if fd is not None:
-            with os.fdopen(fd, "rb") as f:
-                return f.read()
-        code, out, err, late, _ = self._run(["cat", "--", self._norm(path)], cwd="/", timeout=self.file_timeout_s)
-        if late:  # a fifo planted in place of a file must not hang the caller
-            raise SandboxError(f"cannot read {path!r} in the sandbox: no end after {self.file_timeout_s}s (a fifo?)")
-        if code != 0:
-            raise SandboxError(f"cannot read {path!r} in the sandbox: {err.decode(errors='replace').strip()}")
-        return out
-
-    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        """Write a file inside the sandbox (parents created), from the host side where the path lies in a
-        private place, else through the container."""
-        raw = data.encode() if isinstance(data, str) else bytes(data)
-        fd = self._host_fd(path, write=True, mode=mode)
-        if fd is not None:
-            with os.fdopen(fd, "wb") as f:
-                f.write(raw)
-            return
-        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && chmod "$2" "$1"'
-        code, _, err, late, _ = self._run(["sh", "-c", script, "sh", self._norm(path), oct(mode & 0o777)[2:]],
-                                          stdin=raw, cwd="/", timeout=self.file_timeout_s)
-        if code != 0 or late:
-            hint = "; write under the workspace, HOME or /tmp" if b"Read-only" in err else ""
-            raise SandboxError(f"cannot write {path!r} in the sandbox: {err.decode(errors='replace').strip()}{hint}")
-
-    def _host_fd(self, path: str, *, write: bool, mode: int = 0o644) -> int | None:
-        """A host fd for ``path`` when it lies in HOME or the workspace (and not in a bind below them)
-        and no step of it is a link; None: go through the container."""
-        inside = self._norm(path)
-        if self._container is None:
-            raise SandboxError("the sandbox is not open; use it as `with DockerSandbox(spec) as sb:`")
-        for target, place in self._targets:
-            if _under(inside, target):
-                if place is None or inside == target:
-                    return None
-                try:
-                    return open_in_place(place, posixpath.relpath(inside, target), write=write, uid=self.uid,
-                                         gid=self.gid, mode=mode)
-                except OSError as exc:
-                    verb = "write" if write else "read"
-                    raise SandboxError(f"cannot {verb} {path!r} in the sandbox: {exc.strerror}") from exc
-        return None
-
     # ---- helpers ---------------------------------------------------------------------------
-    @staticmethod
-    def _norm(path: str) -> str:
-        if not posixpath.isabs(path):
-            raise SandboxError(f"sandbox path {path!r} must be absolute")
-        return posixpath.normpath(path)
-
     def _python(self) -> str:
         """This Python when a read-only bind shows it inside, else ``python3`` from PATH."""
         if self._py is None:
