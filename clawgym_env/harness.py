@@ -114,3 +114,10 @@ class HarnessAdapter(abc.ABC):
         Must return exactly ``len(calls)`` items and never raise on what a model made the harness send. The
         default marks nothing."""
         return [None] * len(calls)
+
+    def discarded_calls(self, calls: Sequence[CallRecord]) -> dict[int, int]:
+        """``{call_index of an abandoned call: call_index of the later call that retried it}`` for retries this
+        harness makes in its own way (not by re-sending the identical prompt, which
+        :func:`clawgym_env.capture.call_kinds.find_discarded` already pairs), on evidence only the harness
+        writes. Must never raise on what a model made the harness send. The default marks nothing."""
+        return {}

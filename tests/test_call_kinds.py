@@ -136,6 +136,17 @@ class _Marks(HarnessAdapter):
         return self.answer(calls)
 
 
+class _Retries(_Marks):
+    """An adapter that pairs retries of its own (``discarded_calls``) and marks no kinds."""
+
+    def __init__(self, pairs):
+        super().__init__(lambda cs: [None] * len(cs))
+        self.pairs = pairs
+
+    def discarded_calls(self, calls):
+        return self.pairs(calls)
+
+
 def test_an_adapter_verdict_wins_and_a_broken_adapter_is_ignored(mixed):
     calls, kinds, _ = mixed
     verdicts = [None] * len(calls)
@@ -184,3 +195,23 @@ def test_a_real_mini_episode_is_labelled_on_disk(builtin_suite, tmp_path):
     assert all(c.kind_reason and c.kind_reason.startswith("structural: the main conversation") for c in on_disk)
     assert [c.output_token_ids for c in on_disk] == [c.output_token_ids for c in res.calls]
     assert not list(tmp_path.rglob("*.labelled")), "the labelled file replaced the streamed one"
+
+
+def test_an_adapters_own_retries_fill_in_and_bad_answers_are_ignored(mixed):
+    calls, kinds, discarded = mixed
+    out = classify_calls(calls, _Retries(lambda cs: {0: 6, 2: 6}))  # 2 is already paired (identical prompt)
+    assert {c.call_index: c.discarded_by for c in out if c.discarded_by is not None} == {0: 6, **discarded}
+    assert [c.kind for c in out] == kinds and not any("ignored" in c.kind_reason for c in out)
+    assert [c.discarded_by for c in classify_calls(calls, _Retries(lambda cs: {}))] == \
+        [c.discarded_by for c in classify_calls(calls)]
+
+    def boom(cs):
+        raise ValueError("bad request")
+
+    late = [c.model_copy(update={"started_at": float(c.call_index)}) for c in calls]
+    for bad, why in [(boom, "raised ValueError"), (lambda cs: {0: 99}, "paired 0 with 99"),
+                     (lambda cs: {3: 3}, "paired 3 with 3"), (lambda cs: {6: 0}, "paired 6 with 0"),
+                     (lambda cs: {"0": 6}, "paired '0' with 6"), (lambda cs: [1, 2], "raised TypeError")]:
+        out = classify_calls(late, _Retries(bad))
+        assert {c.call_index: c.discarded_by for c in out if c.discarded_by is not None} == discarded, why
+        assert all(why in c.kind_reason for c in out), (why, out[0].kind_reason)

@@ -6,7 +6,8 @@ system prompt, the shape of the last turn, tool names); token ids are dropped. T
 policies below: Claude Code delegating to its ``Agent`` tool (a subagent that delegates again), Claude Code with
 auto-compact at 21 % of a 100 k window, OpenClaw overflowing the proxy's context (it compacts), Codex with
 ``model_auto_compact_token_limit`` = 9000, Qwen Code delegating to its ``agent`` tool, and Qwen Code with
-``autoCompactThreshold`` 0.2 of a 60 k window. (The capture policies answered every call of a conversation the
+``autoCompactThreshold`` 0.2 of a 60 k window; and OpenClaw retrying a timed-out request (every message kept, long
+strings cut: see ``test_call_kinds_openclaw``). (The capture policies answered every call of a conversation the
 same way, so some episodes repeat compaction cycles; only the first calls are kept.)
 """
 
@@ -36,6 +37,7 @@ EXPECTED = {
     ("claude-code", "claude_code_subagent.json"): [M, M, S, S, S, S, S, S, M],
     ("claude-code", "claude_code_compaction.json"): [M, M, C, C, M, C, C, M, C, C, M],
     ("openclaw", "openclaw_compaction.json"): [M, M, M, C, M, M],
+    ("openclaw", "openclaw_forced_retry.json"): [M] * 5,
     ("codex", "codex_compaction.json"): [M, M, C, M, M, C],
     ("qwen-code", "qwen_code_subagent.json"): [M, M] + [S] * 10 + [M],
     ("qwen-code", "qwen_code_compaction.json"): [M, M, C, M, M, C],

@@ -23,6 +23,11 @@ Invariants:
     tokens once, through the retry) or no call continues from ``j``'s answer (its prompt starts with ``j``'s
     prompt + output: nested subagents may send identical prompts and all be continued);
     ``discarded_by`` is the first such retry. Calls with an empty prompt are never matched.
+  * a harness that retries in its own way (OpenClaw re-sends the interrupted turn with an aborted note, not the
+    same prompt) marks those retries itself (``discarded_calls`` on the adapter, on evidence only the harness
+    writes); its pairs fill in calls the identical-prompt rule left unmarked. An adapter answer that names an
+    unknown call, a call retried by itself, or a retry that started before the call it retries is ignored whole
+    (and the reasons say so), like a failing ``call_kinds``.
   * the structural default is deterministic and depends only on the calls' prompt ids and their order.
 """
 
@@ -38,7 +43,8 @@ from clawgym_env.capture.records import CALL_KINDS, CallKind, CallRecord
 
 class KindsAdapter(Protocol):
     """What classification needs of a harness adapter (:class:`clawgym_env.harness.HarnessAdapter` has it; the
-    seam imports the records, so this module names only the method it calls)."""
+    seam imports the records, so this module names only the method it calls). A ``discarded_calls(calls)``
+    method, when the adapter has one, is called too (see the module invariants)."""
 
     name: str
 
@@ -164,13 +170,32 @@ def _adapter_verdicts(calls: Sequence[CallRecord], adapter: KindsAdapter | None)
     return verdicts, None
 
 
+def _adapter_discards(calls: Sequence[CallRecord], adapter: KindsAdapter | None) -> tuple[dict[int, int], str | None]:
+    """The adapter's own retry pairs (``discarded_calls``, when it has one), checked; ({}, why) when unusable."""
+    method = getattr(adapter, "discarded_calls", None)
+    if method is None:
+        return {}, None
+    name = getattr(adapter, "name", type(adapter).__name__)
+    try:
+        pairs = dict(method(calls))
+    except Exception as exc:  # noqa: BLE001 - an adapter bug must not lose the episode; the reason records it
+        return {}, f"{name}.discarded_calls raised {type(exc).__name__}: {exc}"[:300]
+    start = {c.call_index: (c.started_at, c.call_index) for c in calls}
+    for j, k in pairs.items():
+        if not (isinstance(j, int) and isinstance(k, int) and j in start and k in start and j != k
+                and start[j] < start[k]):
+            return {}, f"{name}.discarded_calls paired {j!r} with {k!r}: not a call and a later one"[:300]
+    return pairs, None
+
+
 def classify_calls(calls: Sequence[CallRecord], adapter: KindsAdapter | None = None) -> list[CallRecord]:
     """Copies of ``calls`` (one episode, in ``call_index`` order) with ``kind``, ``kind_reason`` and
     ``discarded_by`` set (see the module docstring)."""
     calls = list(calls)
     verdicts, failure = _adapter_verdicts(calls, adapter)
     default = structural_kinds(calls)
-    discarded = find_discarded(calls)
+    own, discard_failure = _adapter_discards(calls, adapter)
+    discarded = {**own, **find_discarded(calls)}  # the identical-prompt rule first; the adapter's fill in
     name = getattr(adapter, "name", "adapter")
     out: list[CallRecord] = []
     for c, verdict, (kind, reason) in zip(calls, verdicts, default):
@@ -178,6 +203,8 @@ def classify_calls(calls: Sequence[CallRecord], adapter: KindsAdapter | None = N
             kind, reason = verdict[0], f"{name}: {verdict[1]}"
         elif failure is not None:
             reason = f"{reason} (adapter ignored: {failure})"
+        if discard_failure is not None:
+            reason = f"{reason} (adapter's retries ignored: {discard_failure})"
         out.append(c.model_copy(update={"kind": kind, "kind_reason": reason,
                                         "discarded_by": discarded.get(c.call_index)}))
     return out

@@ -30,7 +30,7 @@ from clawgym_env.task import Task
 from harness_adapters.install import NpmPackage
 from harness_adapters.npm import NpmHarnessAdapter
 from harness_adapters.openclaw.envelope import parse_envelope
-from harness_adapters.openclaw.kinds import openclaw_kinds
+from harness_adapters.openclaw.kinds import openclaw_discarded, openclaw_kinds
 
 PACKAGE = NpmPackage("openclaw", "2026.9.6", "openclaw", min_node=24)
 PROVIDER = "clawgym"
@@ -125,6 +125,11 @@ class OpenClawAdapter(NpmHarnessAdapter):
         """Main turns and compaction calls by the system prompt OpenClaw writes and the tools it offers (see
         :mod:`harness_adapters.openclaw.kinds`)."""
         return openclaw_kinds(calls)
+
+    def discarded_calls(self, calls: Sequence[CallRecord]) -> dict[int, int]:
+        """Agent calls OpenClaw abandoned and retried with a ``<turn_aborted>`` note (see
+        :func:`harness_adapters.openclaw.kinds.openclaw_discarded`)."""
+        return openclaw_discarded(calls)
 
 
 Adapter = OpenClawAdapter
