@@ -309,6 +309,14 @@ def test_upstream_failing_mid_stream_is_an_in_stream_error_and_a_failure(provide
     assert len(policy.pop_failures("ep-fail")) == 1  # type: ignore[attr-defined]
 
 
+def _keepalive(line: str) -> bool:
+    """A chat keep-alive: an empty chunk (no choices, null usage)."""
+    if not line.startswith("data: {"):
+        return False
+    chunk = json.loads(line[6:])
+    return chunk.get("choices") == [] and chunk.get("usage") is None
+
+
 def test_keepalives_while_the_upstream_is_silent(tokenizer):
     with Upstream() as upstream, ProxyServer(_policy("openai", upstream, tokenizer), keepalive_s=0.05) as proxy:
         session = proxy.open_episode("ep-ka")
@@ -318,14 +326,15 @@ def test_keepalives_while_the_upstream_is_silent(tokenizer):
         with httpx.stream("POST", session.base_url(proxy.url) + "/chat/completions", json=body, timeout=60) as resp:
             assert resp.status_code == 200
             for line in resp.iter_lines():
-                if line == ": keep-alive":
+                if _keepalive(line):
                     upstream.release.set()  # the upstream starts only once a keep-alive arrived
                 lines.append(line)
         (record,) = proxy.close_episode(session.token)
     assert upstream.held_out
     data = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in data if c["choices"])
-    assert lines.index(": keep-alive") < min(i for i, x in enumerate(lines) if x.startswith("data:"))
+    first = next(i for i, x in enumerate(lines) if _keepalive(x))
+    assert first < min(i for i, c in enumerate(lines) if c.startswith("data: {") and json.loads(c[6:])["choices"])
     assert text == record.response_message["content"] == "".join(TEXT)
     assert lines[-1] == "data: [DONE]" or lines[-2] == "data: [DONE]"
 

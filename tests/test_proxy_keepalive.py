@@ -3,11 +3,14 @@
 The policy sleeps longer than the client's read timeout (an ``httpx2.Timeout``: the SDKs' HTTP library).
 With keep-alives on, each SDK receives the whole answer (equal to a fast policy's, with an equal CallRecord);
 with them off it times out; a failure after keep-alives started reaches the SDK as an error and is still kept
-on ``session.failures``.
+on ``session.failures``. The chat keep-alive is an empty ``chat.completion.chunk`` of the answer: the raw SDK
+stream yields it (no choices, no usage, the answer's id), and the SDK's accumulating stream helper builds the
+same completion as without keep-alives.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 import anthropic
@@ -15,6 +18,8 @@ import httpx2
 import openai
 import pytest
 
+from clawgym_env.proxy.live import LiveStart
+from clawgym_env.proxy.openai_chat import ChatLive, parse_request
 from clawgym_env.proxy.server import ProxyServer
 from clawgym_env.testing import FAIL, EchoScriptPolicy
 
@@ -104,8 +109,8 @@ def test_client_gone_while_waiting_turn_still_recorded(servers):
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "bye"}]}
     with httpx2.Client(timeout=10) as client, client.stream("POST", url, json=body) as resp:
         assert resp.status_code == 200
-        first = next(resp.iter_bytes())
-        assert first.startswith(b": keep-alive")  # then the client hangs up before the answer
+        first = next(resp.iter_lines())
+        assert json.loads(first.removeprefix("data: "))["choices"] == []  # a keep-alive; then the client hangs up
     deadline = time.monotonic() + SLOW_S + 5
     while session.num_calls == 0 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -114,3 +119,86 @@ def test_client_gone_while_waiting_turn_still_recorded(servers):
     again = _open(server)  # the server still serves
     assert _chat(again.base_url(server.url), "still here") == "Echo: still here"
     server.close_episode(again.token)
+
+
+# ---- the chat keep-alive: an empty chunk of the answer ---------------------------------------------------
+TOOL = {"type": "function", "function": {
+    "name": "read_file", "strict": True, "description": "Read a file.",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["path", "limit"],
+                   "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}}}}}
+
+
+def _client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key="sk-test", max_retries=0, timeout=TIMEOUT)
+
+
+def _raw_chunks(server, text: str) -> list:
+    session = _open(server)
+    stream = _client(session.base_url(server.url)).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": text}], stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    server.close_episode(session.token)
+    assert session.failures == []
+    return chunks
+
+
+def test_chat_keepalives_are_empty_chunks_of_the_answer(servers):
+    slow, fast = _raw_chunks(servers["on"], "hello there"), _raw_chunks(servers["fast"], "hello there")
+    keepalives = slow[:len(slow) - len(fast)]
+    assert keepalives, "a turn slower than keepalive_s gets keep-alives"
+    for k in keepalives:  # what the SDK yields for a keep-alive: a chunk with nothing in it
+        assert k.object == "chat.completion.chunk" and k.choices == [] and k.usage is None
+        assert k.system_fingerprint is None  # the policy version that answers is not known yet
+    answer = slow[len(keepalives):]
+    assert answer[0].choices[0].delta.role == "assistant"  # the real answer starts after the keep-alives
+    assert len({(c.id, c.created, c.model) for c in slow}) == 1  # one answer: one id, time and model
+    assert {c.system_fingerprint for c in answer} == {"clawgym-echo-script-v3"}
+
+    def text(chunks):
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text(slow) == text(fast) == "Echo: hello there"
+    assert slow[-1].usage == fast[-1].usage and slow[-1].usage.completion_tokens > 0
+
+
+def _helper_completion(server, text: str):
+    """The SDK's accumulating stream helper (``chat.completions.stream``), with a tool call to accumulate."""
+    session = _open(server)
+    ids = set()
+    with _client(session.base_url(server.url)).chat.completions.stream(
+            model="m", messages=[{"role": "user", "content": text}], tools=[TOOL],
+            stream_options={"include_usage": True}) as stream:
+        for event in stream:
+            if event.type == "chunk":
+                ids.add(event.chunk.id)
+        completion = stream.get_final_completion()
+    server.close_episode(session.token)
+    assert session.failures == []
+    assert ids == {completion.id}
+    return completion
+
+
+def test_chat_stream_helper_accumulates_through_keepalives(servers):
+    slow, fast = _helper_completion(servers["on"], "read it"), _helper_completion(servers["fast"], "read it")
+    (call,) = slow.choices[0].message.tool_calls
+    assert call.function.name == "read_file"
+    assert call.function.parsed_arguments == {"path": "notes/ünïcode.txt", "limit": 5}
+    assert slow.choices[0].finish_reason == "tool_calls"
+    assert slow.system_fingerprint == "clawgym-echo-script-v3" and slow.usage and slow.usage.total_tokens > 0
+    drop = {"id": True, "created": True, "choices": {0: {"message": {"tool_calls": {0: {"id"}}}}}}  # fresh each call
+    assert slow.model_dump(exclude=drop) == fast.model_dump(exclude=drop)
+
+
+def test_live_chat_keepalive_is_a_chunk_of_the_same_answer():
+    req = parse_request({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    writer = ChatLive(req, "served", LiveStart(prompt_tokens=3, policy_name="p", policy_version=7))
+
+    def data(line: str) -> dict:
+        assert line.startswith("data: ") and line.endswith("\n\n")
+        return json.loads(line.removeprefix("data: "))
+    before, head, between = data(writer.tick()), data(writer.head()), data(writer.tick())
+    same = ("id", "object", "created", "model", "system_fingerprint")
+    assert [before[k] for k in same] == [head[k] for k in same] == [between[k] for k in same]
+    assert before["model"] == "m" and before["system_fingerprint"] == "clawgym-p-v7"
+    assert before["choices"] == between["choices"] == [] and before["usage"] is None
+    assert head["choices"][0]["delta"] == {"role": "assistant", "content": ""}

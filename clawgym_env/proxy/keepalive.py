@@ -9,11 +9,18 @@ turn ends, then the real events. What a keep-alive is belongs to each dialect (i
 
 Per dialect (chosen from what the official SDKs' SSE decoders and the harnesses do with it):
   * Anthropic Messages: the API's own ``event: ping`` / ``{"type": "ping"}``; both SDKs skip it.
-  * OpenAI Chat Completions: an SSE comment line ``: keep-alive``. Both OpenAI SDKs' decoders drop comment
-    lines without yielding anything, while the bytes reset an HTTP read timeout (the OpenAI SDKs', Qwen
-    Code's, OpenClaw's). A data event would not do: the SDKs hand every ``data:`` line to the caller as a
-    ``chat.completion.chunk`` (a no-op chunk would surface as a chunk without choices), and the chat
-    harnesses keep no event-level idle timer that a comment would fail to reset.
+  * OpenAI Chat Completions: an empty ``chat.completion.chunk`` of the answer (its ``id``, ``created`` and
+    ``model``, ``"choices": []``, ``"usage": null``), the shape of OpenAI's own usage chunk. An SSE comment
+    would not do: the SDKs' decoders drop comments, so an idle timer kept on parsed chunks (Qwen Code's
+    ``QWEN_STREAM_IDLE_TIMEOUT_MS``, OpenClaw's first-event timeout) never sees them. Clients already meet
+    empty-choices chunks before the role chunk (Azure OpenAI opens streams with one) and after the finish
+    chunk (the usage chunk), and skip them: the official SDKs' accumulators (Python
+    ``ChatCompletionStreamState``, Node ``ChatCompletionStream``) loop over ``choices``; Qwen Code, pi and
+    OpenClaw (``chunk.choices?.[0]``), the Vercel AI SDK (``choices[0]`` guarded) and LiteLLM
+    (``len(choices) > 0``) read ``choices[0]`` only when present. The Python accumulator and the Vercel AI
+    SDK take ``id`` / ``created`` / ``model`` from the first chunk, which is why a keep-alive carries the
+    answer's own. Code iterating the raw SDK stream sees these chunks and must guard ``choices[0]`` as it
+    must for the usage chunk.
   * OpenAI Responses: the API's own ``response.created`` + ``response.in_progress`` when keep-alives start,
     then one more ``response.in_progress`` per keep-alive (same response id, ``sequence_number`` counting
     on into the real events). Codex's idle timer (``stream_idle_timeout_ms``) is reset by *events* only

@@ -12,8 +12,13 @@ Invariants:
   * The non-streamed message and the concatenation of the streamed deltas are the same message
     (both come from one :class:`~clawgym_env.proxy.streaming.Segmentation` of the recorded ids).
   * ``usage`` counts are the lengths of the recorded prompt and output ids.
-  * Keep-alives (:func:`keepalive`) are SSE comment lines, which the SDKs drop; an in-stream error is a
-    ``data:`` line holding the error envelope, which the OpenAI SDKs raise as an ``APIError``.
+  * Every chunk of one streamed answer, keep-alives included, carries the same ``id``, ``created`` and
+    ``model`` (clients take them from the first chunk they see, which may be a keep-alive).
+  * A keep-alive (:func:`keepalive_chunk`) is a ``chat.completion.chunk`` with ``"choices": []`` and
+    ``"usage": null``: the shape of OpenAI's own usage chunk, without usage. Clients parse it as a chunk
+    (so it resets idle timers kept on parsed chunks, as Qwen Code's) and find nothing in it; see
+    :mod:`~clawgym_env.proxy.keepalive` for why no client breaks on it. An in-stream error is a ``data:``
+    line holding the error envelope, which the OpenAI SDKs raise as an ``APIError``.
   * A live answer (:func:`live`, :mod:`~clawgym_env.proxy.live`) sends the chunks :func:`stream_response`
     sends for the recorded turn, its text chunks cut where the policy's text arrived.
 """
@@ -100,10 +105,26 @@ def _usage(res: TurnResult) -> dict[str, int]:
             "total_tokens": res.prompt_tokens + res.completion_tokens}
 
 
-def _head(res: TurnResult, model: str, obj: str) -> dict[str, Any]:
-    return {"id": "chatcmpl-" + uuid.uuid4().hex, "object": obj, "created": int(time.time()),
-            "model": res.request.model or model,
+def _ident() -> tuple[str, int]:
+    """A fresh answer's ``id`` and ``created``."""
+    return "chatcmpl-" + uuid.uuid4().hex, int(time.time())
+
+
+def _head(res: TurnResult, model: str, obj: str, ident: tuple[str, int] | None = None) -> dict[str, Any]:
+    """The fields every chunk of the answer shares (``ident``: the id and time keep-alives already used)."""
+    cid, created = ident or _ident()
+    return {"id": cid, "object": obj, "created": created, "model": res.request.model or model,
             "system_fingerprint": f"clawgym-{res.record.policy_name}-v{res.record.policy_version}"}
+
+
+def keepalive_chunk(head: dict[str, Any]) -> str:
+    """A keep-alive of the answer whose chunks share ``head``: an empty ``chat.completion.chunk``.
+
+    Only ``id``, ``object``, ``created``, ``model`` and (when known) ``system_fingerprint`` are taken from
+    ``head``; ``choices`` is empty and ``usage`` null, so a client's accumulator has nothing to add.
+    """
+    keep = {k: head[k] for k in ("id", "object", "created", "model", "system_fingerprint") if k in head}
+    return "data: " + json.dumps({**keep, "choices": [], "usage": None}, ensure_ascii=False) + "\n\n"
 
 
 def _logprobs(res: TurnResult) -> dict[str, Any] | None:
@@ -122,14 +143,15 @@ def render_response(res: TurnResult, model: str) -> dict[str, Any]:
             "usage": _usage(res)}
 
 
-def stream_response(res: TurnResult, model: str) -> Iterator[str]:
+def stream_response(res: TurnResult, model: str, ident: tuple[str, int] | None = None) -> Iterator[str]:
     """SSE lines (``data: {...}\\n\\n``) of ``chat.completion.chunk`` objects, then ``data: [DONE]``.
 
     Order: a role delta; reasoning/content/tool-call deltas token by token in text order (a tool
     call's first chunk carries index, id, type, name and empty arguments, later ones argument text);
     a chunk with ``finish_reason``; a usage chunk with empty choices if ``include_usage``; ``[DONE]``.
+    ``ident`` is the ``(id, created)`` that keep-alives of this answer already sent (fresh when None).
     """
-    head = _head(res, model, "chat.completion.chunk")
+    head = _head(res, model, "chat.completion.chunk", ident)
     if res.request.include_usage:
         head["usage"] = None
 
@@ -180,8 +202,8 @@ class ChatLive:
         return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
 
     def tick(self) -> str:
-        """An SSE comment (as :class:`ChatKeepAlive`)."""
-        return ": keep-alive\n\n"
+        """An empty chunk of this answer (:func:`keepalive_chunk`), before or between the text chunks."""
+        return keepalive_chunk(self.head_obj)
 
     def head(self) -> str:
         """The role chunk."""
@@ -214,18 +236,26 @@ def live(req: TurnRequest, body: Any, model: str, start: LiveStart) -> ChatLive:
 
 
 class ChatKeepAlive:
-    """Keep-alive stream of one chat request (see :mod:`~clawgym_env.proxy.keepalive`)."""
+    """Keep-alive stream of one chat request (see :mod:`~clawgym_env.proxy.keepalive`).
 
-    def __init__(self, model: str) -> None:
+    The answer's ``id`` and ``created`` are fixed when keep-alives start; the keep-alives and the answer's
+    chunks share them. The keep-alives carry no ``system_fingerprint`` (the policy version that answers is
+    not known yet); the answer's chunks do, and clients take it from the first chunk that has one.
+    """
+
+    def __init__(self, req: TurnRequest, model: str) -> None:
         self.model = model
+        self.ident = _ident()
+        self.head: dict[str, Any] = {"id": self.ident[0], "object": "chat.completion.chunk",
+                                     "created": self.ident[1], "model": req.model or model}
 
     def tick(self) -> str:
-        """An SSE comment: bytes that reset a read timeout, and no event for the client."""
-        return ": keep-alive\n\n"
+        """An empty chunk of this answer (:func:`keepalive_chunk`)."""
+        return keepalive_chunk(self.head)
 
     def answer(self, res: TurnResult) -> Iterator[str]:
-        """The chunks :func:`stream_response` sends."""
-        return stream_response(res, self.model)
+        """The chunks :func:`stream_response` sends, with the keep-alives' id and time."""
+        return stream_response(res, self.model, self.ident)
 
     def error(self, status: int, message: str, field: str | None, code: str | None) -> str:
         """The error envelope as one data line (no ``[DONE]`` follows)."""
@@ -234,7 +264,7 @@ class ChatKeepAlive:
 
 def keepalive(req: TurnRequest, body: Any, model: str) -> ChatKeepAlive:
     """The keep-alive stream of a streaming chat request."""
-    return ChatKeepAlive(model)
+    return ChatKeepAlive(req, model)
 
 
 def error_body(status: int, message: str, field: str | None = None, code: str | None = None) -> dict[str, Any]:
