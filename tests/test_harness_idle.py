@@ -13,9 +13,9 @@ slower than it on one call. What each harness times, as read from the pinned rel
   ``CLAUDE_STREAM_FIRST_BYTE_TIMEOUT_MS``) are clamped to at least 10 s, so they are not used here.
   ``CLAUDE_CODE_MAX_RETRIES`` (the adapter's ``max_retries``) > 0 turns the timeout into a retry.
 * Qwen Code: a guard on the SDK's parsed *chunks* (``QWEN_STREAM_IDLE_TIMEOUT_MS``, default 240 s) once the
-  headers are in; on expiry it retries the identical request. The chat dialect's keep-alive is an SSE
-  comment, which the SDK drops, so it does not reset that guard (the xfail below, until the proxy sends a
-  keep-alive the SDK yields as a chunk).
+  headers are in; on expiry it retries the identical request. The chat dialect's keep-alive is an empty
+  ``chat.completion.chunk`` (no choices), which the SDK yields as a chunk, so it resets that guard; Qwen Code
+  then skips the chunk (nothing to convert).
 * OpenClaw: ``models.providers.<id>.timeoutSeconds`` caps the whole request (connect, headers, body), so
   keep-alives cannot help against it; with the proxy on a loopback address its own idle watchdog is the run
   timeout. Its retry after a timeout is not the same request: it inserts a ``<turn_aborted>`` note and a
@@ -157,8 +157,6 @@ def test_claude_code_forced_retry_marks_the_abandoned_call(task, tokenizer, tmp_
 
 
 # ---- Qwen Code -----------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="the chat keep-alive is an SSE comment, which the OpenAI SDK drops, so it "
-                                       "does not reset Qwen Code's chunk-level stream idle guard: Qwen Code retries")
 def test_qwen_code_stream_idle_guard_is_held_off_by_keepalives(task, tokenizer, tmp_path):
     slow = SlowPolicy(_expert(tokenizer), SLOW_S, calls={1})
     adapter = QwenCodeAdapter(extra_env={"QWEN_STREAM_IDLE_TIMEOUT_MS": "1500"})
