@@ -17,9 +17,13 @@ Printed per case (one JSON object per line, then a table):
 * ``ep s``: mean episode ``wall_s`` (the episode's own time: sandbox, harness, grading);
 * ``slot ms``: what the backend adds per episode while its slots are busy
   (``wall x k / episodes - mean wall_s``; includes the batch's tail, when fewer than ``k`` run);
-* ``ray ms``: the Ray backend's own overhead per episode, ``fleet_s - wall_s`` (from dispatch by the
-  scheduler to its result back on the driver, minus the episode's own time: the actor call, moving the
-  task, adapter and records through Ray, and the worker's bookkeeping).
+* ``ray ms``: the Ray backend's overhead per episode, ``fleet_s - wall_s`` (from dispatch by the
+  scheduler to its result back on the driver, minus the episode's own time), split into
+  ``call ms`` = ``fleet_s - fleet_worker_s`` (Ray's part: the actor call, moving the task, adapter and
+  records through Ray, the scheduler's loop) and ``tail ms`` = ``fleet_worker_s - wall_s`` (time on the
+  worker outside ``wall_s``: the episode's record validation and writing and its workspace removal,
+  which the threads backend pays too, and the worker's task-folder and install checks);
+* ``load``: the machine's 1-minute load average when the case ended (other jobs included).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -52,10 +57,17 @@ def _measure(backend: str, slots: int, run: Callable[[], list[Any]]) -> dict[str
     busy1, total1 = _cpu_ticks()
     ep_wall = statistics.mean(r.record.wall_s or 0.0 for r in results)
     fleet = [r.record.timings["fleet_s"] - r.record.wall_s for r in results if "fleet_s" in r.record.timings]
+    call = [r.record.timings["fleet_s"] - r.record.timings["fleet_worker_s"] for r in results
+            if "fleet_worker_s" in r.record.timings]
+    tail = [r.record.timings["fleet_worker_s"] - r.record.wall_s for r in results
+            if "fleet_worker_s" in r.record.timings]
     return {"backend": backend, "k": slots, "episodes": len(results), "wall_s": round(wall, 2),
             "episodes_per_min": round(60 * len(results) / wall, 2), "mean_episode_s": round(ep_wall, 2),
             "slot_overhead_ms": round(1000 * (wall * slots / len(results) - ep_wall), 1),
             "ray_overhead_ms": round(1000 * statistics.mean(fleet), 1) if fleet else None,
+            "ray_call_ms": round(1000 * statistics.mean(call), 1) if call else None,
+            "worker_tail_ms": round(1000 * statistics.mean(tail), 1) if tail else None,
+            "load_1min": round(os.getloadavg()[0], 1),
             "cpu_util": round((busy1 - busy0) / max(total1 - total0, 1), 3),
             "statuses": dict(Counter(r.record.status for r in results))}
 
@@ -112,13 +124,14 @@ def main() -> None:
                 cluster.shutdown()
     base = {r["backend"]: r["episodes_per_min"] for r in rows if r["k"] == levels[0]}
     print(f"\n{'backend':<8} {'k':>3} {'eps':>4} {'ep/min':>7} {'eff':>5} {'cpu':>5} {'wall s':>7} {'ep s':>6} "
-          f"{'slot ms':>8} {'ray ms':>7}  statuses")
+          f"{'slot ms':>8} {'ray ms':>7} {'call ms':>7} {'tail ms':>7} {'load':>5}  statuses")
     for r in rows:
         eff = r["episodes_per_min"] / (r["k"] / levels[0] * base[r["backend"]]) if base.get(r["backend"]) else 0.0
-        ray_ms = "-" if r["ray_overhead_ms"] is None else r["ray_overhead_ms"]
+        ray_ms, call_ms, tail_ms = ("-" if r[key] is None else r[key]
+                                    for key in ("ray_overhead_ms", "ray_call_ms", "worker_tail_ms"))
         print(f"{r['backend']:<8} {r['k']:>3} {r['episodes']:>4} {r['episodes_per_min']:>7} {eff:>5.2f} "
               f"{r['cpu_util']:>5} {r['wall_s']:>7} {r['mean_episode_s']:>6} {r['slot_overhead_ms']:>8} "
-              f"{ray_ms:>7}  {r['statuses']}")
+              f"{ray_ms:>7} {call_ms:>7} {tail_ms:>7} {r['load_1min']:>5}  {r['statuses']}")
 
 
 if __name__ == "__main__":

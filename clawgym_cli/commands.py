@@ -56,6 +56,7 @@ def cmd_run(args) -> int:
     ``--out``; one JSON line per episode with ``--json``, else a table and the mean reward of scored ones."""
     from clawgym_env.plugins import make_harness
     from clawgym_env.runtime import RolloutPool, Runtime
+    from leaderboards.run import check_sandbox_pool
     from tasks import load_suite, resolve_task
 
     if bool(args.task) == bool(args.suite):
@@ -67,8 +68,9 @@ def cmd_run(args) -> int:
         for issue in suite.issues:
             print(f"warning: skipped {issue.path}: {issue.error}", file=sys.stderr)
         tasks = suite.tasks[: args.limit] if args.limit else suite.tasks
+    check_sandbox_pool(args.sandbox, args.sandbox_pool)
     adapter = make_harness(args.harness)
-    with Runtime(args.policy, sandbox=args.sandbox, out_dir=args.out) as rt:
+    with Runtime(args.policy, sandbox=args.sandbox, out_dir=args.out, sandbox_pool=args.sandbox_pool) as rt:
         pool = RolloutPool(rt, concurrency=args.concurrency, progress=not args.json and len(tasks) * args.samples > 1)
         results = pool.run(tasks, adapter, samples=args.samples, sampling=_sampling(args),
                            keep_workspace=args.keep_workspace)
@@ -170,7 +172,8 @@ def cmd_eval(args) -> int:
                  concurrency=args.concurrency, out=args.out, limit=args.limit, sandbox=args.sandbox,
                  retries=args.retries, episodes_dir=args.episodes_dir, rerun_infra=args.rerun_infra,
                  sampling=_sampling(args), keep_workspace=args.keep_workspace, progress=not args.no_progress,
-                 ray_address=args.ray_address, max_episodes_per_node=args.max_episodes_per_node)
+                 ray_address=args.ray_address, max_episodes_per_node=args.max_episodes_per_node,
+                 sandbox_pool=args.sandbox_pool)
     print(f"{s.out}: {s.ran} episode(s) written, {s.skipped} already done of {s.total}; infra failures "
           f"{s.infra_failures} (after {s.retried} retries)"
           + ("; repaired a torn last line" if s.repaired_tail else ""))

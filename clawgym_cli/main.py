@@ -24,6 +24,9 @@ from clawgym_cli.commands import (
 from clawgym_env.errors import ClawGymError
 from clawgym_env.redact import redact
 
+POOL_HELP = ("with --sandbox docker: keep N warm containers per sandbox shape, created ahead so that an episode's "
+             "sandbox starts without waiting for the engine (0: every sandbox starts cold)")
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``clawgym`` argument parser: one subcommand per ``cmd_*`` of :mod:`clawgym_cli.commands`,
@@ -46,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--policy", default="scripted:expert",
                      help="scripted:expert|wrong|noop|file:PATH, transformers:MODEL_DIR, tiny")
     run.add_argument("--sandbox", default="bwrap", choices=["bwrap", "docker"])
+    run.add_argument("--sandbox-pool", dest="sandbox_pool", type=int, default=0, metavar="N", help=POOL_HELP)
     run.add_argument("--samples", type=int, default=1, help="episodes per task")
     run.add_argument("--concurrency", type=int, default=2)
     run.add_argument("--temperature", type=float)
@@ -112,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", required=True, help="results JSONL (appended; finished episodes are skipped)")
     ev.add_argument("--limit", type=int, help="only the first N tasks of the suite")
     ev.add_argument("--sandbox", default="bwrap", choices=["bwrap", "docker"])
+    ev.add_argument("--sandbox-pool", dest="sandbox_pool", type=int, default=0, metavar="N",
+                    help=POOL_HELP + "; with --ray-address, in each node's rollout worker")
     ev.add_argument("--retries", type=int, default=2, help="re-runs of an episode after an infrastructure failure")
     ev.add_argument("--rerun-infra", action="store_true", help="also re-run episodes recorded as infra_error")
     ev.add_argument("--episodes-dir", help="episode records and captured calls (default: <out>-episodes/)")

@@ -58,7 +58,8 @@ class Runtime:
 
         if sandbox_pool < 0 or (sandbox_pool and sandbox != "docker"):
             raise ValueError(f"sandbox_pool={sandbox_pool}: a pool of warm sandboxes is for sandbox='docker' only "
-                             "(a bwrap sandbox starts in milliseconds); leave it 0")
+                             f"(not {sandbox!r}: a bwrap sandbox starts in milliseconds); use sandbox='docker' or "
+                             "leave the pool at 0")
 
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.policy_spec: str | None = policy if isinstance(policy, str) else None
@@ -157,7 +158,7 @@ class RolloutPool:
             fleet = FleetConfig(policy=runtime.policy_spec, sandbox=runtime.sandbox,
                                 out_dir=str(runtime.out_dir) if runtime.out_dir else None,
                                 max_context_tokens=runtime._max_context, judge=runtime.judge,
-                                max_episodes_per_node=concurrency)
+                                max_episodes_per_node=concurrency, sandbox_pool=runtime.sandbox_pool)
         self.runtime = runtime
         self.concurrency = concurrency
         self.progress = progress

@@ -80,7 +80,10 @@ def rollout_services(setup: RankSetup, *, rollout: RolloutConfig, sandbox: str, 
         return
     from clawgym_env.runtime import Runtime
 
-    with Runtime(setup.serving, sandbox=sandbox, out_dir=out_dir, judge=judge,
+    if rollout.sandbox_pool and sandbox != "docker":
+        raise ValueError(f"rollout.sandbox_pool={rollout.sandbox_pool} keeps warm Docker containers, but sandbox is "
+                         f"{sandbox!r} (bwrap has no pool): set sandbox: docker, or rollout.sandbox_pool: 0")
+    with Runtime(setup.serving, sandbox=sandbox, out_dir=out_dir, judge=judge, sandbox_pool=rollout.sandbox_pool,
                  max_context_tokens=max_context_tokens) as rt, \
             rollout_fleet(rollout, setup.serving, sandbox=sandbox, out_dir=out_dir, judge=judge) as fleet:
         yield rt, fleet

@@ -65,12 +65,18 @@ class RolloutConfig:
     max_attempts: int = 3
     """with ``backend: ray``, tries per episode: one ending in an infrastructure failure (a killed worker, a sandbox
     that cannot start, a hung harness) is tried again on another node up to this many times; it never trains"""
+    sandbox_pool: int = 0
+    """with ``sandbox: docker``, warm containers kept ahead per sandbox shape so that an episode's sandbox starts
+    without waiting for the engine: in this process (``threads``) or in each node's rollout worker (``ray``); 0: every
+    sandbox starts cold (bwrap needs none)"""
 
     def __post_init__(self) -> None:
         if self.backend not in ("threads", "ray"):
             raise ValueError(f"rollout.backend must be 'threads' or 'ray', not {self.backend!r}")
         if self.max_episodes_per_node < 1 or self.max_attempts < 1:
             raise ValueError("rollout.max_episodes_per_node and rollout.max_attempts must be >= 1")
+        if self.sandbox_pool < 0:
+            raise ValueError("rollout.sandbox_pool must be >= 0 (0: every sandbox starts cold)")
 
 
 def harness_available(name: str) -> tuple[bool, str]:
@@ -162,8 +168,8 @@ class RolloutFleet:
                 self._started_ray = True
             self.server = serve_policy(self.policy, host=ray.util.get_node_ip_address())
             fleet = FleetConfig(policy=f"remote:{self.server.url}", address=self.config.ray_address,
-                                sandbox=self.sandbox, out_dir=self.out_dir, judge=self.judge,
-                                max_episodes_per_node=self.config.max_episodes_per_node,
+                                sandbox=self.sandbox, sandbox_pool=self.config.sandbox_pool, out_dir=self.out_dir,
+                                judge=self.judge, max_episodes_per_node=self.config.max_episodes_per_node,
                                 max_attempts=self.config.max_attempts, env={TOKEN_ENV: self.server.token})
             self.fleet = RayFleet(fleet).start()
         except BaseException:

@@ -64,6 +64,9 @@ class FleetConfig:
     is already connected, else a local one started for this process)."""
     sandbox: str = "bwrap"
     """Sandbox backend name used on every node (the per-run default of ``run_episode``)."""
+    sandbox_pool: int = 0
+    """Warm Docker containers each rollout worker keeps ahead per sandbox shape on its node
+    (:class:`~clawgym_env.sandbox.docker_pool.DockerPool`; ``sandbox="docker"`` only; 0: every sandbox starts cold)."""
     out_dir: str | None = None
     """Folder for episode folders on each worker's node (the same path on every node; ``None``: temp)."""
     max_episodes_per_node: int = 4
@@ -123,6 +126,9 @@ class FleetConfig:
             (bool(self.policy) and isinstance(self.policy, str),
              "policy: give a policy spec string such as 'scripted:expert' or 'vllm:http://HOST:PORT'"),
             (self.max_episodes_per_node >= 1, "max_episodes_per_node: must be >= 1"),
+            (self.sandbox_pool >= 0 and (self.sandbox_pool == 0 or self.sandbox == "docker"),
+             "sandbox_pool: warm sandboxes are for sandbox='docker' only (a bwrap sandbox starts in milliseconds); "
+             "set sandbox='docker' or leave sandbox_pool at 0"),
             (self.episode_cpus is None or self.episode_cpus > 0,
              "episode_cpus: must be > 0 or None (use a fraction such as 0.5 to pack more)"),
             (self.episode_memory_mb is None or self.episode_memory_mb > 0, "episode_memory_mb: must be > 0 or None"),

@@ -37,6 +37,8 @@ class WorkerSlots:
         self.memory_mb = 0
         """Memory declared by the episodes running (or abandoned but not yet returned) on the worker."""
         self.state = "live"  # live | probing | dead
+        self.bundles_sent: set[str] = set()
+        """Hashes of the shipped bundles whose reference this worker's process was sent (reset when it restarts)."""
         self.probe: Any = None
         self.probe_deadline = 0.0
         self.next_probe = 0.0

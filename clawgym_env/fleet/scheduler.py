@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from clawgym_env.episode import EpisodeResult
-from clawgym_env.errors import ClawGymError
+from clawgym_env.fleet import ship
+from clawgym_env.fleet.calls import FleetError, by_value_or_ref, cancel, import_ray
 from clawgym_env.fleet.config import Attempt, AttemptRecord, EpisodeJob, FleetConfig, WorkerInfo
 from clawgym_env.fleet.placement import Queued, WorkerSlots, pick, too_large, unplaceable
 from clawgym_env.fleet.ship import ShippedTask, Shipper
@@ -44,29 +45,11 @@ from clawgym_env.fleet.worker import RolloutWorker, infra_result, node_label
 from clawgym_env.harness import HarnessAdapter
 from clawgym_env.task import Task
 
+__all__ = ["PROBE_EVERY_S", "FleetError", "RayFleet", "import_ray"]
+
 log = logging.getLogger(__name__)
 PROBE_EVERY_S = 1.0
 """Seconds between health probes of a worker whose process died (Ray restarts it meanwhile)."""
-
-
-class FleetError(ClawGymError):
-    """The fleet could not start (Ray missing, no node with room, no worker came up)."""
-
-
-def import_ray() -> Any:
-    """The ``ray`` module, or a :class:`FleetError` saying how to install it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise FleetError("the ray rollout backend needs Ray: pip install 'clawgym[ray]'") from exc
-    return ray
-
-
-def _cancel(ray: Any, ref: Any) -> None:
-    try:
-        ray.cancel(ref)
-    except Exception as exc:  # noqa: BLE001 - best effort: the result is ignored anyway
-        log.debug("fleet: cancelling an abandoned episode: %s", exc)
 
 
 class RayFleet:
@@ -138,6 +121,13 @@ class RayFleet:
     def close(self) -> None:
         """Stop the workers (and the local Ray this fleet started, if it started one)."""
         ray = self._ray
+        if self.config.sandbox_pool and self.workers:  # destroy the warm containers now, not at the processes' end
+            closing = [w.handle.close.remote() for w in self.workers if w.state == "live"]
+            try:
+                if closing:
+                    ray.wait(closing, num_returns=len(closing), timeout=30.0)
+            except Exception as exc:  # noqa: BLE001 - their lifelines end them with the processes anyway
+                log.warning("fleet: closing the workers' sandbox pools: %s", exc)
         for w in self.workers:
             try:
                 ray.kill(w.handle, no_restart=True)
@@ -220,7 +210,7 @@ class RayFleet:
         queue: collections.deque[Queued] = collections.deque((j, 1, frozenset()) for j in queued)
         in_flight: dict[Any, Attempt] = {}
         abandoned = self._abandoned
-        adapter_refs = [ray.put(a) for a in adapters]
+        adapter_refs = [by_value_or_ref(ray, a) for a in adapters]
         policy_name = self.config.policy.partition(":")[0]
 
         def end(attempt: Attempt, result: EpisodeResult) -> None:
@@ -273,7 +263,7 @@ class RayFleet:
                 if now > attempt.deadline:  # hung: give the slot's result up, retry elsewhere
                     del in_flight[ref]
                     abandoned[ref] = attempt
-                    _cancel(ray, ref)
+                    cancel(ray, ref)
                     end(attempt, infra_result(
                         attempt.job.task, attempt.job.harness, policy_name, "internal",
                         f"no result from the rollout worker on {self.workers[attempt.worker].info.node} within "
@@ -307,7 +297,8 @@ class RayFleet:
             worker, pos = chosen
             job, number, avoid = queue[pos]
             del queue[pos]
-            ref = worker.handle.run.remote(job.task, adapter_refs[job.adapter], kwargs, shipped.get(id(job.task)))
+            ref = worker.handle.run.remote(job.task, adapter_refs[job.adapter], kwargs,
+                                           ship.for_worker(shipped.get(id(job.task)), worker.bundles_sent))
             now = time.monotonic()
             in_flight[ref] = Attempt(job=job, worker=worker.info.index, number=number, started=now,
                                      deadline=now + self.config.deadline_for(job.task), avoid=avoid)
@@ -321,6 +312,8 @@ class RayFleet:
         try:
             result = ray.get(ref)
             if isinstance(result, EpisodeResult):
+                if ship.NEED_BUNDLE in result.record.logs:  # the worker restarted since: send the reference again
+                    worker.bundles_sent.discard(result.record.logs[ship.NEED_BUNDLE])
                 return result
             raise TypeError(f"the rollout worker returned {type(result).__name__}, not an EpisodeResult")
         except ray.exceptions.RayActorError as exc:
@@ -333,11 +326,15 @@ class RayFleet:
                                 f"the rollout worker on {worker.info.node} gave no result: {type(exc).__name__}: {exc}")
 
     def _wait(self, refs: list[Any], timeout: float) -> list[Any]:
-        """The refs that are ready within ``timeout`` (at least one, unless the time runs out)."""
+        """The refs that are ready within ``timeout`` (at least one, unless the time runs out): every one
+        already in, so that results that arrive together are all taken before more episodes are dispatched."""
         if not refs:
             time.sleep(timeout)
             return []
-        ready, _ = self._ray.wait(refs, num_returns=1, timeout=timeout)
+        ready, rest = self._ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready and rest:
+            more, _ = self._ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready = list(ready) + list(more)
         return list(ready)
 
     def _probes(self) -> list[Any]:
@@ -348,6 +345,7 @@ class RayFleet:
         if worker.state != "live":
             return
         worker.state, worker.probe, worker.next_probe = "probing", None, time.monotonic()
+        worker.bundles_sent.clear()  # a restarted process holds no bundle reference
         worker.probe_deadline = time.monotonic() + self.config.start_timeout_s
         self._live_changed()
         self._check_probes(time.monotonic())

@@ -4,7 +4,9 @@ On a cluster without a shared filesystem a task's folders (``task_dir``, ``input
 exist only where the suite was loaded. :class:`Shipper` (driver side) packs each task's folders into a
 :class:`TaskBundle` (a tar of its root folders, normalised so that equal contents give equal bytes),
 puts it in the Ray object store once and hands each episode a :class:`ShippedTask`: the bundle's content
-hash and object reference, which a worker fetches only when its node lacks the folders.
+hash and object reference, which a worker fetches only when its node lacks the folders. The reference
+travels once per worker (:func:`for_worker`): later episodes of the same bundle carry only its hash,
+and the worker keeps the references it was sent (:class:`BundleRefs`).
 :class:`TaskCache` (worker side) unpacks a bundle once per node under ``<cache>/<hash>/`` and rewrites
 the task's paths into it.
 
@@ -38,10 +40,21 @@ from clawgym_env.task import Task
 TASK_FIELDS = ("task_dir", "input_dir", "reward_dir")
 """The task's folder fields that are shipped (and rewritten on the node)."""
 COMPLETE = ".complete"
+NEED_BUNDLE = "fleet_need_bundle"
+"""Record log key of an attempt whose worker lacked a bundle's reference (the value: its hash); the scheduler
+sends the reference again with the retry."""
+BUNDLE_WAIT_S = 30.0
+"""Seconds a worker waits for the reference of a bundle sent with another of its episodes (they may start
+out of order on a threaded actor) before the attempt fails with :class:`BundleMissing`."""
 
 
 class ShipError(ClawGymError):
     """A task could not be shipped or materialised (too large, cache full, a broken bundle)."""
+
+
+class BundleMissing(ShipError):
+    """A worker needs a bundle whose reference it was never sent (it restarted since): an infrastructure
+    failure, retried with the reference."""
 
 
 def _size(n: float) -> str:
@@ -198,6 +211,46 @@ class Shipper:
         self._memo.clear()
 
 
+def for_worker(shipped: ShippedTask | None, sent: set[str]) -> ShippedTask | None:
+    """What travels with one episode to a worker already sent the bundles ``sent`` (updated here): ``shipped``
+    with its reference the first time, without it (its hash alone) after, so a bundle's reference is sent
+    once per worker and not held by every call."""
+    if shipped is None or shipped.digest is None or shipped.ref is None:
+        return shipped
+    if shipped.digest in sent:
+        return dataclasses.replace(shipped, ref=None)
+    sent.add(shipped.digest)
+    return shipped
+
+
+class BundleRefs:
+    """Worker side: the bundle references this worker process was sent, by hash (see :func:`for_worker`)."""
+
+    def __init__(self, wait_s: float = BUNDLE_WAIT_S) -> None:
+        self.wait_s = wait_s
+        self._refs: dict[str, Any] = {}
+        self._cv = threading.Condition()
+
+    def remember(self, shipped: ShippedTask) -> None:
+        """Keep ``shipped``'s reference, if it carries one."""
+        if shipped.digest is not None and shipped.ref is not None:
+            with self._cv:
+                self._refs[shipped.digest] = shipped.ref
+                self._cv.notify_all()
+
+    def ref(self, shipped: ShippedTask) -> Any:
+        """The reference of ``shipped``'s bundle: its own, else the one sent with an earlier (or concurrent)
+        episode; :class:`BundleMissing` when none arrives within ``wait_s``."""
+        digest = shipped.digest
+        if shipped.ref is not None or digest is None:
+            return shipped.ref
+        with self._cv:
+            if not self._cv.wait_for(lambda: digest in self._refs, timeout=self.wait_s):
+                raise BundleMissing(f"this worker was never sent the shipped task {digest} (it restarted "
+                                    "since); the attempt is retried with it")
+            return self._refs[digest]
+
+
 def _entry_size(entry: Path) -> int:
     try:
         return int((entry / COMPLETE).read_text() or 0)
@@ -215,9 +268,10 @@ class TaskCache:
         self._in_use: dict[str, int] = {}
 
     def materialise(self, task: Task, shipped: ShippedTask, fetch: Any) -> Task:
-        """``task`` with its folders in this node's cache (unpacked now if absent; ``fetch(ref)`` gets the
-        bundle). Pair with :meth:`release` once the episode is over."""
-        if shipped.digest is None or shipped.ref is None:
+        """``task`` with its folders in this node's cache (unpacked now if absent; ``fetch(shipped.ref)`` gets
+        the bundle, whose reference may be ``None`` when ``fetch`` knows it from elsewhere). Pair with
+        :meth:`release` once the episode is over."""
+        if shipped.digest is None:
             raise ShipError(shipped.refused or f"task {task.full_id} was not shipped")
         entry = self.root / shipped.digest
         with self._lock:

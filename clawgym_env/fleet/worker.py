@@ -7,7 +7,9 @@ spec, so a harness's HTTP traffic goes to a proxy in the same process on the sam
 crosses the network; only the policy's own traffic (e.g. token ids to remote vLLM engines) does.
 
 A task whose folders are not on this node runs from the copy shipped with its episode
-(:mod:`~clawgym_env.fleet.ship`), unpacked once per node in the fleet's task cache.
+(:mod:`~clawgym_env.fleet.ship`), unpacked once per node in the fleet's task cache. With
+``FleetConfig.sandbox_pool`` the worker keeps its own warm Docker pool on its node (made on its first
+episode, closed with the worker or ended with its process).
 
 Invariants: :meth:`RolloutWorker.run` never raises for a failed episode: it returns exactly one
 :class:`~clawgym_env.episode.EpisodeResult` (a failure inside becomes an ``infra_error`` record with
@@ -18,12 +20,14 @@ is installed at most once per worker process.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
 import threading
+import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clawgym_env.capture.records import EpisodeRecord, FailureBoundary
 from clawgym_env.episode import EpisodeResult, run_episode
@@ -32,6 +36,9 @@ from clawgym_env.fleet import ship
 from clawgym_env.fleet.config import FleetConfig, WorkerInfo
 from clawgym_env.harness import HarnessAdapter
 from clawgym_env.task import Task
+
+if TYPE_CHECKING:
+    from clawgym_env.sandbox.docker_pool import DockerPool, PoolStats
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +79,10 @@ class RolloutWorker:
         self.proxy.start()  # a ready worker is a serving one
         self._installed: dict[str, BaseException | None] = {}
         self._install_lock = threading.Lock()
+        self.bundles = ship.BundleRefs()
+        """References of the shipped bundles this worker was sent (each comes once per worker)."""
+        self._pool: DockerPool | None = None
+        self._pool_lock = threading.Lock()
 
     def whoami(self) -> WorkerInfo:
         """The worker's identity (also the scheduler's health probe)."""
@@ -91,15 +102,32 @@ class RolloutWorker:
     def run(self, task: Task, adapter: HarnessAdapter, kwargs: dict[str, Any],
             shipped: ship.ShippedTask | None = None) -> EpisodeResult:
         """One episode of ``task`` through ``adapter`` on this node (``kwargs`` go to ``run_episode``); a task
-        whose folders this node lacks runs from ``shipped``, its copy in the object store."""
+        whose folders this node lacks runs from ``shipped``, its copy in the object store (the bundle's reference
+        comes with the first episode of that copy sent to this worker, later ones carry only its hash). The
+        record's ``timings.fleet_worker_s`` is the time this call took on the worker (the episode and its
+        bookkeeping: what ``timings.fleet_s`` minus it leaves is Ray's transport and the scheduler)."""
+        t0 = time.monotonic()
+        if shipped is not None:
+            self.bundles.remember(shipped)
+        result = self._run(task, adapter, kwargs, shipped)
+        result.record.timings["fleet_worker_s"] = time.monotonic() - t0
+        return result
+
+    def _run(self, task: Task, adapter: HarnessAdapter, kwargs: dict[str, Any],
+             shipped: ship.ShippedTask | None) -> EpisodeResult:
         policy_name = getattr(self.policy, "name", "policy")
         in_cache: ship.ShippedTask | None = None
         try:
             missing = ship.missing_folders(task)
             if missing and shipped is not None and shipped.layout:
                 try:
-                    task = self.tasks.materialise(task, shipped, self._fetch)
+                    copy = shipped  # the closure's own name (narrowed)
+                    task = self.tasks.materialise(task, copy, lambda _: self._fetch(self.bundles.ref(copy)))
                     in_cache = shipped
+                except ship.BundleMissing as exc:  # not this node's fault: retried, the bundle sent again
+                    result = infra_result(task, adapter.name, policy_name, "internal", str(exc))
+                    result.record.logs[ship.NEED_BUNDLE] = str(shipped.digest)
+                    return result
                 except ship.ShipError as exc:
                     return infra_result(task, adapter.name, policy_name, "task",
                                         f"task {task.full_id} is not on node {self.info.node} and its shipped "
@@ -115,7 +143,7 @@ class RolloutWorker:
                 return infra_result(task, adapter.name, policy_name, "harness",
                                     f"harness {adapter.name} could not be installed on node {self.info.node}: "
                                     f"{type(failure).__name__}: {failure}")
-            options = {"sandbox": self.config.sandbox, "out_dir": self.config.out_dir, "judge": self.config.judge,
+            options = {"sandbox": self._sandbox(), "out_dir": self.config.out_dir, "judge": self.config.judge,
                        **kwargs}
             result = run_episode(task, adapter, self.proxy, **options)
             if in_cache is not None:
@@ -129,6 +157,17 @@ class RolloutWorker:
             if in_cache is not None:
                 self.tasks.release(in_cache)
 
+    def _sandbox(self) -> str:
+        """The sandbox backend of this worker's episodes: its warm Docker pool's name with ``sandbox_pool``."""
+        if not self.config.sandbox_pool:
+            return self.config.sandbox
+        with self._pool_lock:
+            if self._pool is None:
+                from clawgym_env.sandbox.docker_pool import DockerPool
+
+                self._pool = DockerPool(self.config.sandbox_pool)
+            return self._pool.name
+
     @staticmethod
     def _fetch(ref: Any) -> ship.TaskBundle:
         import ray
@@ -138,6 +177,15 @@ class RolloutWorker:
             raise ship.ShipError(f"the shipped task is a {type(bundle).__name__}, not a TaskBundle")
         return bundle
 
+    def pool_stats(self) -> PoolStats | None:
+        """What this worker's warm Docker pool did so far (``None``: it has none yet)."""
+        with self._pool_lock:
+            return dataclasses.replace(self._pool.stats) if self._pool is not None else None
+
     def close(self) -> None:
-        """Stop the worker's serving proxy."""
+        """Stop the worker's serving proxy and its warm sandbox pool (idempotent)."""
         self.proxy.stop()
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
