@@ -24,6 +24,11 @@ Printed per case (one JSON object per line, then a table):
   worker outside ``wall_s``: the episode's record validation and writing and its workspace removal,
   which the threads backend pays too, and the worker's task-folder and install checks);
 * ``load``: the machine's 1-minute load average when the case ended (other jobs included).
+
+``--calls N`` measures instead what an idle actor call costs with the fleet's ways of passing an episode's
+arguments (``N`` calls each, median and mean ms): the adapter by value or by object reference, with or
+without a shipped bundle's reference nested in the call (the fleet sends it with a worker's first episode
+of that bundle only).
 """
 
 from __future__ import annotations
@@ -72,6 +77,42 @@ def _measure(backend: str, slots: int, run: Callable[[], list[Any]]) -> dict[str
             "statuses": dict(Counter(r.record.status for r in results))}
 
 
+def _calls(n: int) -> None:
+    """Idle actor-call latency by the way the arguments travel (see the module doc)."""
+    import ray
+
+    from clawgym_env.fleet.ship import ShippedTask
+    from clawgym_env.plugins import load_suite, make_harness
+
+    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
+    try:
+        @ray.remote(max_concurrency=4)
+        class Echo:
+            def run(self, task: Any, adapter: Any, kwargs: Any, shipped: Any) -> int:
+                return 0
+
+        actor = Echo.remote()  # type: ignore[attr-defined]
+        task, adapter = load_suite("builtin").tasks[0], make_harness("mini")
+        adapter_ref = ray.put(adapter)
+        shipped = ShippedTask("0" * 32, ("/x",), ref=ray.put(b"x" * 20000))
+        bare = ShippedTask("0" * 32, ("/x",))
+        ray.get(actor.run.remote(task, adapter, {}, None))
+        cases = {"adapter by value, bundle hash only": (adapter, bare),
+                 "adapter by value, bundle reference": (adapter, shipped),
+                 "adapter by reference, bundle hash only": (adapter_ref, bare),
+                 "adapter by reference, bundle reference": (adapter_ref, shipped)}
+        for name, (a, ship) in cases.items():
+            ms = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                ray.get(actor.run.remote(task, a, {}, ship))
+                ms.append(1000 * (time.perf_counter() - t0))
+            print(json.dumps({"case": name, "calls": n, "median_ms": round(statistics.median(ms), 2),
+                              "mean_ms": round(statistics.mean(ms), 2), "load_1min": round(os.getloadavg()[0], 1)}))
+    finally:
+        ray.shutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--levels", default="1,2,4,8,16", help="concurrency levels k (comma-separated)")
@@ -81,7 +122,12 @@ def main() -> None:
     ap.add_argument("--policy", default="scripted:expert")
     ap.add_argument("--skip-threads", action="store_true")
     ap.add_argument("--skip-ray", action="store_true")
+    ap.add_argument("--calls", type=int, default=0, metavar="N",
+                    help="measure idle actor calls instead (N each way of passing the arguments)")
     args = ap.parse_args()
+    if args.calls:
+        _calls(args.calls)
+        return
     levels = [int(x) for x in args.levels.split(",")]
 
     import ray
