@@ -23,7 +23,7 @@ Invariants: every requested episode ends exactly once (one result per job index,
 order; a late or duplicate result of an abandoned attempt is dropped); a result is an attempt's own
 record or, when the worker could not give one, an ``infra_error`` record naming the boundary, never
 a reward of 0 counted as the agent's; the engine's layer rule holds (Ray is imported lazily and only
-here and in :mod:`~clawgym_env.fleet.worker`'s actor).
+here, in :mod:`~clawgym_env.fleet.calls` and in :mod:`~clawgym_env.fleet.worker`'s actor).
 """
 
 from __future__ import annotations
