@@ -107,8 +107,9 @@ async def _serve_upstream(out: Path) -> None:
 # ----------------------------------------------------------------------------- the targets
 
 
-def _serve_clawgym(out: Path, upstream: str, n: int) -> None:
-    """ClawGym's proxy, a passthrough to ``upstream``, ``n`` episodes; serves until SIGTERM."""
+def _serve_clawgym(out: Path, upstream: str, n: int, variant: str = "auto/auto") -> None:
+    """ClawGym's proxy, a passthrough to ``upstream``, ``n`` episodes; serves until SIGTERM.
+    ``variant``: ``HTTP-PARSER/LOOP`` (``ProxyServer``'s ``http`` and ``loop``)."""
     sys.path.insert(0, str(ROOT))
     from clawgym_env.policy.passthrough import PassthroughPolicy
     from clawgym_env.proxy.server import ProxyServer
@@ -117,7 +118,8 @@ def _serve_clawgym(out: Path, upstream: str, n: int) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     policy = PassthroughPolicy("openai", MODEL, base_url=upstream + "/v1", api_key="x", max_retries=0)
     policy.tokenizer  # noqa: B018 - loaded before anything is timed
-    with ProxyServer(policy) as srv:
+    http, loop = variant.split("/")
+    with ProxyServer(policy, http=http, loop=loop) as srv:
         out.write_text(json.dumps([srv.open_episode().base_url(srv.url) for _ in range(n)]))
         stop.wait()
     policy.close()
@@ -191,7 +193,8 @@ class Target:
 def _launch(name: str, cmd: list[str], tmp: Path, *, env: dict[str, str] | None = None, health: str | None = None,
             timeout: float = 180.0) -> Target:
     """Start ``cmd`` (it writes its URLs as JSON to ``<tmp>/<name>.json``, or answers ``health``) and wait."""
-    out, log = tmp / f"{name}.json", tmp / f"{name}.log"
+    stem = "".join(c if c.isalnum() else "_" for c in name)
+    out, log = tmp / f"{stem}.json", tmp / f"{stem}.log"
     out.unlink(missing_ok=True)
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -217,11 +220,16 @@ def _launch(name: str, cmd: list[str], tmp: Path, *, env: dict[str, str] | None 
     raise RuntimeError(f"{name} did not come up within {timeout:.0f} s: ...{log.read_text(errors='replace')[-1500:]}")
 
 
-def start_targets(upstream: str, n: int, peers: list[str], tmp: Path) -> tuple[list[Target], list[str]]:
-    """Every target that starts (``direct`` first) and a note for each one skipped."""
+def start_targets(upstream: str, n: int, peers: list[str], tmp: Path,
+                  variants: tuple[str, ...] = ("auto/auto",)) -> tuple[list[Target], list[str]]:
+    """Every target that starts (``direct`` first) and a note for each one skipped; one ClawGym target per
+    ``HTTP-PARSER/LOOP`` variant (named ``clawgym`` for ``auto/auto``, else ``clawgym[VARIANT]``)."""
     me = [sys.executable, str(Path(__file__).resolve())]
     targets = [Target("direct", [upstream + "/v1"])]
-    targets.append(_launch("clawgym", me + ["--serve-clawgym", str(tmp / "clawgym.json"), upstream, str(n)], tmp))
+    for variant in variants:
+        name = "clawgym" if variant == "auto/auto" else f"clawgym[{variant}]"
+        out = str(tmp / ("".join(c if c.isalnum() else "_" for c in name) + ".json"))
+        targets.append(_launch(name, me + ["--serve-clawgym", out, upstream, str(n), variant], tmp))
     notes = []
     for peer in peers:
         venv = PEER_VENVS / peer
@@ -337,15 +345,19 @@ def main() -> None:
     ap.add_argument("--clients", default="1,32,64", help="concurrency levels, comma separated")
     ap.add_argument("--calls-single", type=int, default=200, help="sequential calls of the one client")
     ap.add_argument("--calls", type=int, default=16, help="sequential calls of each client at concurrency > 1")
-    ap.add_argument("--peers", default="litellm,agentlightning")
+    ap.add_argument("--peers", default="litellm,agentlightning", help="comma separated; '' for none")
+    ap.add_argument("--clawgym", default="auto/auto",
+                    help="ClawGym variants to compare, comma separated HTTP-PARSER/LOOP (auto|httptools|h11 / "
+                         "auto|uvloop|asyncio), e.g. auto/auto,h11/asyncio")
     ap.add_argument("--serve-upstream", metavar="OUT", help=argparse.SUPPRESS)
-    ap.add_argument("--serve-clawgym", nargs=3, metavar=("OUT", "UPSTREAM", "N"), help=argparse.SUPPRESS)
+    ap.add_argument("--serve-clawgym", nargs=4, metavar=("OUT", "UPSTREAM", "N", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_upstream:
         asyncio.run(_serve_upstream(Path(args.serve_upstream)))
         return
     if args.serve_clawgym:
-        _serve_clawgym(Path(args.serve_clawgym[0]), args.serve_clawgym[1], int(args.serve_clawgym[2]))
+        _serve_clawgym(Path(args.serve_clawgym[0]), args.serve_clawgym[1], int(args.serve_clawgym[2]),
+                       args.serve_clawgym[3])
         return
     levels = [int(x) for x in args.clients.split(",")]
     peers = [p for p in args.peers.split(",") if p]
@@ -356,7 +368,8 @@ def main() -> None:
             up = _launch("upstream", [sys.executable, str(Path(__file__).resolve()), "--serve-upstream",
                                       str(tmp / "upstream.json")], tmp)
             targets.append(up)
-            started, notes = start_targets(up.urls[0], max(levels), peers, tmp)
+            variants = tuple(v.strip() for v in args.clawgym.split(",") if v.strip())
+            started, notes = start_targets(up.urls[0], max(levels), peers, tmp, variants)
             targets += started[1:]
             names = [t.name for t in started]
             for note in notes:

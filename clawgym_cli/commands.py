@@ -111,11 +111,16 @@ def cmd_grade(args) -> int:
 
 
 def cmd_serve_proxy(args) -> int:
-    """``clawgym serve-proxy``: the serving proxy in the foreground with one open episode, until Ctrl-C."""
+    """``clawgym serve-proxy``: the serving proxy in the foreground with one open episode, until Ctrl-C;
+    the policy it built is closed when it stops (a passthrough's client holds connections)."""
     from clawgym_env.policy import make_policy
     from clawgym_env.proxy.server import serve_proxy
 
-    serve_proxy(make_policy(args.policy), host=args.host, port=args.port, calls_out=args.calls_out)
+    policy = make_policy(args.policy)
+    try:
+        serve_proxy(policy, host=args.host, port=args.port, calls_out=args.calls_out)
+    finally:
+        policy.close()
     return 0
 
 

@@ -49,7 +49,9 @@ class Runtime:
 
     ``policy`` is a :class:`PolicyBackend` or a spec string for :func:`clawgym_env.policy.make_policy`
     (``"scripted:expert"``, ``"transformers:DIR"``, ...). Start/stop are idempotent; use as a
-    context manager, or let :meth:`close` run at interpreter exit.
+    context manager, or let :meth:`close` run at interpreter exit. A policy built here from a spec belongs to
+    the runtime: :meth:`close` closes it (and a later episode builds it again); a policy object given to the
+    constructor belongs to the caller and is never closed here.
     """
 
     def __init__(self, policy: PolicyBackend | str, *, sandbox: str = "bwrap", out_dir: str | Path | None = None,
@@ -76,6 +78,7 @@ class Runtime:
         made on the first episode, closed with the runtime); 0: every sandbox starts cold."""
         self._pool: DockerPool | None = None
         self._proxy: ProxyServer | None = None
+        self._policy_closed = False  # the policy built from policy_spec was closed by close()
         self._lock = threading.Lock()
 
     @property
@@ -84,6 +87,11 @@ class Runtime:
         with self._lock:
             if self._proxy is None:
                 from clawgym_env.proxy.server import ProxyServer
+
+                if self._policy_closed and self.policy_spec is not None:  # closed by close(): build it again
+                    from clawgym_env.policy import make_policy
+
+                    self.policy, self._policy_closed = make_policy(self.policy_spec), False
 
                 proxy = (ProxyServer(self.policy, max_context_tokens=self._max_context) if self._max_context
                          else ProxyServer(self.policy))
@@ -107,12 +115,19 @@ class Runtime:
         return run_episode(task, adapter, self.proxy, **kwargs)
 
     def close(self) -> None:
-        """Stop the proxy if it was started (a later episode starts a new one) and the sandbox pool; idempotent."""
+        """Stop the proxy if it was started (a later episode starts a new one), the sandbox pool and a policy
+        built from a spec (a later episode builds it again); idempotent."""
         with self._lock:
             pool, self._pool = self._pool, None
             if self._proxy is not None:
                 self._proxy.stop()
                 self._proxy = None
+            if self.policy_spec is not None and not self._policy_closed:
+                self._policy_closed = True
+                try:
+                    self.policy.close()
+                except Exception as exc:  # noqa: BLE001 - closing must not hide the run's own outcome
+                    log.warning("closing the policy %s failed: %s: %s", self.policy_spec, type(exc).__name__, exc)
         if pool is not None:
             pool.close()
 

@@ -73,6 +73,12 @@ class ProxyHost(Protocol):
     def keepalive_s(self) -> float: ...  # noqa: D102 - a field of the host
 
     @property
+    def inline_bytes(self) -> int: ...  # noqa: D102 - a field of the host
+
+    @property
+    def warmed(self) -> bool: ...  # noqa: D102 - a field of the host
+
+    @property
     def _executor(self) -> Executor | None: ...
 
 log = logging.getLogger("clawgym.proxy")
@@ -271,10 +277,16 @@ class ProxyApp:
                     treq: TurnRequest, meta: TurnMeta, executor: Executor) -> Response:
         """A streaming request served while a streaming policy's text arrives (:mod:`clawgym_env.proxy.live`)."""
         policy, keepalive_s = self.server.policy, self.server.keepalive_s
+        # a small body is rendered here on the loop: cheaper than two thread hops (turn.py's invariants)
+        size = getattr(request.state, "clawgym_body_bytes", None)
+        inline = self.server.warmed and size is not None and size <= self.server.inline_bytes
         session.call_started()  # ended by the LiveTurn's pump once recorded or failed
         try:
-            prep = await asyncio.get_running_loop().run_in_executor(executor, prepare_turn, session, policy, treq,
-                                                                    self.server.limits)
+            if inline:
+                prep = prepare_turn(session, policy, treq, self.server.limits)
+            else:
+                prep = await asyncio.get_running_loop().run_in_executor(executor, prepare_turn, session, policy,
+                                                                        treq, self.server.limits)
         except RuntimeError as exc:  # executor shut down under us
             session.call_ended()
             raise ProxyError("the proxy is shutting down", status=503, code="unavailable") from exc
@@ -282,7 +294,7 @@ class ProxyApp:
             session.call_ended()
             raise
         classify, note = self._in_stream_failures(request)
-        turn = LiveTurn(session, policy, treq, meta, prep, executor, lambda exc: note(classify(exc)))
+        turn = LiveTurn(session, policy, treq, meta, prep, executor, lambda exc: note(classify(exc)), inline=inline)
         first = await turn.next_item(keepalive_s)
         if isinstance(first, BaseException):  # nothing sent yet: an HTTP error as for any call
             raise first
@@ -306,4 +318,5 @@ class ProxyApp:
             raise ProxyError(f"the request body is larger than the limit of {s.max_body_bytes} bytes "
                              "(max_body_bytes)", status=413, field="body", code="request_too_large")
         raw = await read_body(request, s.max_body_bytes, s.read_timeout_s)
+        request.state.clawgym_body_bytes = len(raw)
         return parse_json(raw, s.max_json_depth)

@@ -8,6 +8,10 @@ Invariants:
     between keep-alive requests, or stalled half-way through its request line/headers — is closed,
     however slowly it trickles bytes. (A stalled *body* is bounded by the per-read timeout of
     :func:`clawgym_env.proxy.limits.read_body`.)
+  * A request's line and headers are bounded whichever parser runs: ``httptools`` (C, the default when
+    importable) refuses them past :data:`MAX_HEAD_BYTES`; ``h11`` (pure Python) past the same bound while
+    incomplete, so a head that completes in one more read (the transport reads at most 256 KiB) gets
+    through. Refused: a 400 answer, and the connection is closed.
   * An episode's listener passes ``{"clawgym_episode": token}`` as the ASGI ``state`` of every request
     it accepts; the shared listeners pass no episode. The app uses it to accept only that episode's
     token on that socket.
@@ -28,11 +32,18 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # httptools is a dependency; without it the proxy runs h11, slower but the same
+    HttpToolsProtocol = None  # type: ignore[assignment, misc]
 
 log = logging.getLogger("clawgym.proxy")
 
 EPISODE_STATE_KEY = "clawgym_episode"
+MAX_HEAD_BYTES = 64 << 10
+"""The most bytes a request's line plus headers may take (both parsers; h11's own default is 16 KiB)."""
 
 
 def set_nodelay(sock: socket.socket | None) -> None:
@@ -76,14 +87,17 @@ def unix_listener(path: Path, mode: int = 0o666, backlog: int = 1024) -> socket.
     return unix
 
 
-class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
-    """uvicorn's HTTP protocol plus NODELAY and the idle/stalled-connection watchdog (module doc)."""
+class _Guard:
+    """NODELAY and the idle/stalled-connection watchdog (module doc), mixed into a uvicorn HTTP protocol."""
 
     idle_timeout_s: float = 30.0
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: Any
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         """Set ``TCP_NODELAY`` on the new connection and start its idle watchdog."""
-        super().connection_made(transport)
+        super().connection_made(transport)  # type: ignore[misc]
         set_nodelay(transport.get_extra_info("socket"))
         self._seen_cycle: Any = None
         self._idle_since = time.monotonic()
@@ -94,7 +108,7 @@ class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         handle = getattr(self, "_watch_handle", None)
         if handle is not None:
             handle.cancel()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def _watch(self) -> None:
         if self.transport.is_closing():
@@ -113,9 +127,52 @@ class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         self._watch_handle = self.loop.call_later(wait, self._watch)
 
 
-def guarded_protocol(idle_timeout_s: float) -> type:
-    """A :class:`GuardedProtocol` subclass with its own idle timeout."""
-    return type("GuardedProtocol", (GuardedProtocol,), {"idle_timeout_s": float(idle_timeout_s)})
+class GuardedH11Protocol(_Guard, H11Protocol):  # type: ignore[misc]
+    """uvicorn's pure-Python ``h11`` protocol, guarded (its head bound: ``h11_max_incomplete_event_size``)."""
+
+
+if HttpToolsProtocol is not None:
+    class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):  # type: ignore[misc]
+        """uvicorn's ``httptools`` protocol, guarded, with the head bound ``h11`` has and ``httptools`` lacks."""
+
+        _head_bytes = 0
+
+        def on_message_begin(self) -> None:
+            """A new request: its head count starts at 0."""
+            self._head_bytes = 0
+            super().on_message_begin()
+
+        def on_url(self, url: bytes) -> None:
+            """Count the request line's URL (a raise here answers 400 and closes: uvicorn's parser error)."""
+            self._count_head(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            """Count a header (each costs its bytes plus its separators)."""
+            self._count_head(len(name) + len(value) + 4)
+            super().on_header(name, value)
+
+        def _count_head(self, n: int) -> None:
+            self._head_bytes += n
+            if self._head_bytes > MAX_HEAD_BYTES:
+                log.info("refusing a request whose line and headers exceed %d bytes", MAX_HEAD_BYTES)
+                raise ValueError(f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
+else:  # pragma: no cover - httptools is a dependency
+    GuardedHttpToolsProtocol = None  # type: ignore[assignment, misc]
+
+#: the guarded protocol the proxy runs by default: ``httptools`` when importable, else ``h11``
+GuardedProtocol: type = GuardedH11Protocol if HttpToolsProtocol is None else GuardedHttpToolsProtocol
+PARSERS = ("auto", "httptools", "h11")
+
+
+def guarded_protocol(idle_timeout_s: float, parser: str = "auto") -> type:
+    """A guarded protocol class with its own idle timeout; ``parser``: one of :data:`PARSERS`."""
+    if parser not in PARSERS:
+        raise ValueError(f"unknown HTTP parser {parser!r}; use one of {list(PARSERS)}")
+    if parser == "httptools" and HttpToolsProtocol is None:
+        raise ValueError("the httptools parser is not installed: pip install httptools")
+    base = GuardedH11Protocol if parser == "h11" else GuardedProtocol
+    return type(base.__name__, (base,), {"idle_timeout_s": float(idle_timeout_s)})
 
 
 class Server(uvicorn.Server):

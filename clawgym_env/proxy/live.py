@@ -23,6 +23,8 @@ Invariants:
   * Keep-alives (the dialect's ``tick``) go out whenever nothing arrived for ``keepalive_s`` (0: never).
   * A client that goes away cancels only the sending: the policy's stream runs on, the call is recorded,
     and a failure is still noted.
+  * A small call makes no thread hop: the app prepares it on the loop and the pump records a short answer
+    there too (``inline``; bounds in :mod:`~clawgym_env.proxy.turn`); a large one runs both in workers.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from clawgym_env.errors import PolicyError, ProxyError
 from clawgym_env.policy.base import Generation, PolicyBackend, TextDelta
 from clawgym_env.proxy.keepalive import Failure
 from clawgym_env.proxy.sessions import EpisodeSession, TurnMeta, TurnRequest, TurnResult
-from clawgym_env.proxy.turn import PreparedTurn, finish_turn
+from clawgym_env.proxy.turn import INLINE_OUTPUT_TOKENS, PreparedTurn, finish_turn
 
 log = logging.getLogger("clawgym.proxy")
 
@@ -133,9 +135,11 @@ class LiveTurn:
     """
 
     def __init__(self, session: EpisodeSession, policy: PolicyBackend, req: TurnRequest, meta: TurnMeta,
-                 prep: PreparedTurn, executor: Executor, on_failure: Callable[[BaseException], None]) -> None:
+                 prep: PreparedTurn, executor: Executor, on_failure: Callable[[BaseException], None], *,
+                 inline: bool = False) -> None:
         self.session, self.policy, self.req, self.meta, self.prep = session, policy, req, meta, prep
         self.executor = executor
+        self.inline = inline  # a small request: a short answer is recorded on the loop (turn.py's invariants)
         self.on_failure = on_failure
         self.queue: asyncio.Queue[object] = asyncio.Queue()
         self._gone = False  # the client stopped reading: failures are noted by the pump
@@ -146,6 +150,9 @@ class LiveTurn:
     async def _pump(self) -> None:
         try:
             gen = await self._drain()
+            if self.inline and len(gen.token_ids) <= INLINE_OUTPUT_TOKENS:
+                self.queue.put_nowait(finish_turn(self.session, self.policy, self.req, self.meta, self.prep, gen))
+                return
             loop = asyncio.get_running_loop()
             try:
                 fut = loop.run_in_executor(self.executor, finish_turn, self.session, self.policy, self.req,

@@ -6,8 +6,8 @@ Messages; ``/v1/messages/count_tokens`` is a side route, see :data:`SIDE_ROUTES`
 (and ``/models/{id}``), ``GET /healthz``. A dialect is a module (see ``openai_chat.py``) and one
 entry of :data:`~clawgym_env.proxy.app.DIALECT_ROUTES`; the app (``app.py``) reads the body, looks up
 the episode, lets the dialect parse, runs the dialect-neutral pipeline
-(:func:`~clawgym_env.proxy.turn.run_turn`) in a worker thread, and lets the dialect render or
-stream the result.
+(:func:`~clawgym_env.proxy.turn.run_turn`) in a worker thread (a live stream: its short halves on the
+loop, see :mod:`~clawgym_env.proxy.turn`), and lets the dialect render or stream the result.
 
 Invariants:
   * Streaming is emitted *after* the policy generated the whole continuation (``generate`` is
@@ -34,6 +34,9 @@ Invariants:
   * ``close_episode`` first waits up to ``drain_s`` for the episode's calls still in flight (a slow answer
     whose client gave up and retried is recorded, as a dead attempt, rather than lost); a call that ends
     later still is not recorded, and is logged with the episode's id.
+  * ``start()`` loads the policy's tokenizer and compiles its chat template before it returns
+    (:func:`~clawgym_env.proxy.turn.warm_up`): no call pays it. The HTTP parser is ``httptools`` and the
+    loop ``uvloop`` when importable (``http``/``loop``: ``h11``/``asyncio`` to force the pure-Python ones).
   * ``start()`` and ``stop()`` are idempotent; a failed ``start()`` leaves no thread, socket or
     directory behind; ``stop()`` shuts down gracefully, then forcibly, and removes the socket.
 """
@@ -62,15 +65,20 @@ from clawgym_env.proxy.app import DIALECT_ROUTES, SIDE_ROUTES, ProxyApp  # noqa:
 from clawgym_env.proxy.limits import DEFAULT_MAX_JSON_DEPTH
 from clawgym_env.proxy.listeners import (
     EPISODE_STATE_KEY,
+    MAX_HEAD_BYTES,
+    PARSERS,
     Server,
     guarded_protocol,
     tcp_listener,
     unix_listener,
 )
 from clawgym_env.proxy.sessions import EpisodeSession, Limits, SessionRegistry
+from clawgym_env.proxy.turn import INLINE_BODY_BYTES, warm_up
 from clawgym_env.task import Task
 
 log = logging.getLogger("clawgym.proxy")
+LOOPS = ("auto", "uvloop", "asyncio")
+"""event loops the proxy runs on (``auto``: ``uvloop`` when importable, as uvicorn picks it)"""
 
 
 class ProxyServer:
@@ -84,7 +92,8 @@ class ProxyServer:
                  model_name: str | None = None, workers: int = 64, max_body_bytes: int = 64 << 20,
                  graceful_s: float = 5.0, log_level: str = "warning", max_prompt_chars: int = 0,
                  max_json_depth: int = DEFAULT_MAX_JSON_DEPTH, read_timeout_s: float = 60.0,
-                 idle_timeout_s: float = 60.0, keepalive_s: float = 5.0, drain_s: float = 10.0) -> None:
+                 idle_timeout_s: float = 60.0, keepalive_s: float = 5.0, drain_s: float = 10.0,
+                 http: str = "auto", loop: str = "auto", inline_bytes: int = INLINE_BODY_BYTES) -> None:
         if drain_s < 0:
             raise ValueError(f"drain_s={drain_s!r} must be >= 0 (seconds close_episode waits for calls in flight)")
         self.policy = policy
@@ -98,6 +107,13 @@ class ProxyServer:
         self.idle_timeout_s = idle_timeout_s  # a connection with no request in progress this long is closed
         self.keepalive_s = keepalive_s  # a streaming turn running this long gets keep-alives (0: never)
         self.drain_s = drain_s  # close_episode waits this long for the episode's calls in flight
+        if http not in PARSERS:
+            raise ValueError(f"http={http!r}: use one of {list(PARSERS)} (auto: httptools when installed, else h11)")
+        if loop not in LOOPS:
+            raise ValueError(f"loop={loop!r}: use one of {list(LOOPS)} (auto: uvloop when installed, else asyncio)")
+        self.http, self.loop = http, loop
+        self.inline_bytes = inline_bytes  # a live call with a body this small is prepared on the loop (turn.py)
+        self.warmed = False  # the policy's tokenizer is loaded and its template compiled (start())
         self.model_name = model_name or policy.name
         self.workers = workers
         self.max_body_bytes = max_body_bytes
@@ -153,6 +169,13 @@ class ProxyServer:
         return self
 
     def _start(self, timeout: float) -> None:
+        if not self.warmed:  # the first call must not pay it, and nothing may ever load it on the event loop
+            try:
+                log.debug("proxy warm-up (tokenizer, chat template): %.3f s", warm_up(self.policy))
+                self.warmed = True
+            except Exception as exc:  # noqa: BLE001 - each call reports its own failure; the server still serves
+                log.warning("the policy's tokenizer could not be warmed up (%s: %s); calls will load it themselves",
+                            type(exc).__name__, exc)
         tcp = tcp_listener(self.host, self.requested_port)
         self._sockets.append(tcp)
         self.port = tcp.getsockname()[1]
@@ -163,8 +186,9 @@ class ProxyServer:
         self.socket_path = path
         self._executor = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="clawgym-proxy")
         config = uvicorn.Config(self.app, lifespan="off", log_config=None, log_level=self.log_level,
-                                access_log=False, proxy_headers=False, server_header=False, loop="asyncio",
-                                http=guarded_protocol(self.idle_timeout_s),
+                                access_log=False, proxy_headers=False, server_header=False, loop=self.loop,
+                                http=guarded_protocol(self.idle_timeout_s, self.http),
+                                h11_max_incomplete_event_size=MAX_HEAD_BYTES,
                                 timeout_keep_alive=max(1, int(min(self.idle_timeout_s, 5))),
                                 timeout_graceful_shutdown=int(max(1, self.graceful_s)))
         self._uvicorn = Server(config)
