@@ -109,7 +109,7 @@ async def _serve_upstream(out: Path) -> None:
 
 def _serve_clawgym(out: Path, upstream: str, n: int, variant: str = "auto/auto") -> None:
     """ClawGym's proxy, a passthrough to ``upstream``, ``n`` episodes; serves until SIGTERM.
-    ``variant``: ``HTTP-PARSER/LOOP`` (``ProxyServer``'s ``http`` and ``loop``)."""
+    ``variant``: ``HTTP-PARSER/LOOP[/INLINE-BYTES]`` (``ProxyServer``'s ``http``, ``loop``, ``inline_bytes``)."""
     sys.path.insert(0, str(ROOT))
     from clawgym_env.policy.passthrough import PassthroughPolicy
     from clawgym_env.proxy.server import ProxyServer
@@ -118,8 +118,9 @@ def _serve_clawgym(out: Path, upstream: str, n: int, variant: str = "auto/auto")
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     policy = PassthroughPolicy("openai", MODEL, base_url=upstream + "/v1", api_key="x", max_retries=0)
     policy.tokenizer  # noqa: B018 - loaded before anything is timed
-    http, loop = variant.split("/")
-    with ProxyServer(policy, http=http, loop=loop) as srv:
+    http, loop, *inline = variant.split("/")
+    extra = {"inline_bytes": int(inline[0])} if inline else {}
+    with ProxyServer(policy, http=http, loop=loop, **extra) as srv:
         out.write_text(json.dumps([srv.open_episode().base_url(srv.url) for _ in range(n)]))
         stop.wait()
     policy.close()
@@ -347,8 +348,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=16, help="sequential calls of each client at concurrency > 1")
     ap.add_argument("--peers", default="litellm,agentlightning", help="comma separated; '' for none")
     ap.add_argument("--clawgym", default="auto/auto",
-                    help="ClawGym variants to compare, comma separated HTTP-PARSER/LOOP (auto|httptools|h11 / "
-                         "auto|uvloop|asyncio), e.g. auto/auto,h11/asyncio")
+                    help="ClawGym variants to compare, comma separated HTTP-PARSER/LOOP[/INLINE-BYTES] (auto|httptools|"
+                         "h11 / auto|uvloop|asyncio / a live call's largest body prepared on the loop, 0: never), "
+                         "e.g. auto/auto,h11/asyncio/0 (the proxy before these options)")
     ap.add_argument("--serve-upstream", metavar="OUT", help=argparse.SUPPRESS)
     ap.add_argument("--serve-clawgym", nargs=4, metavar=("OUT", "UPSTREAM", "N", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
