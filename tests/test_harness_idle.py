@@ -22,8 +22,10 @@ slower than it on one call. What each harness times, as read from the pinned rel
   "Continue the current task" user turn before retrying.
 
 Forced retries (:func:`~clawgym_env.testing.fail_once`): the chosen call is held until the harness gave up
-on it and re-sent it; the proxy still records the abandoned answer, and the episode's calls must mark it
-dead (``discarded_by``, :func:`~clawgym_env.capture.call_kinds.find_discarded`) while the episode ends ok.
+on it and re-sent it; the proxy still records the abandoned answer (``close_episode`` drains the calls in
+flight), and the episode's calls must mark it dead (``discarded_by``: the identical-prompt rule of
+:func:`~clawgym_env.capture.call_kinds.find_discarded`, or OpenClaw's adapter rule for its retry with a
+``<turn_aborted>`` note) while the episode ends ok.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 A harness makes more calls than its agent's own turns, and some of its calls are thrown away. Every
 :class:`~clawgym_env.capture.records.CallRecord` says what it was (``kind``: ``main``, ``side``, ``subagent``,
-``compaction``; ``discarded_by``: a later call re-sent its exact prompt, so the harness discarded its answer and
-retried; both set at the end of the episode by :mod:`clawgym_env.capture.call_kinds`). This pass, configured by
+``compaction``; ``discarded_by``: a later call retried it (re-sent its exact prompt, or what the harness's adapter
+declares a retry, e.g. OpenClaw's interrupted-turn note), so the harness discarded its answer; both set at the
+end of the episode by :mod:`clawgym_env.capture.call_kinds`). This pass, configured by
 :class:`CleanConfig` (the ``clean:`` block of the GRPO, PPO and SFT configs), keeps per episode:
 
 1. the calls whose kind is in ``train_kinds`` (default: the main agent only, as the paper trains);
@@ -55,8 +56,8 @@ class CleanConfig:
     only. Calls of other kinds are removed before the trees are built (their sampled tokens are never actions,
     also where a kept call received them as context); counted per kind in ``clean/<kind>_calls|tokens``"""
     drop_discarded: bool = True
-    """remove dead retries: calls whose exact prompt a later call of the episode re-sent (the harness discarded
-    the answer and retried); counted in ``clean/discarded_calls|tokens``"""
+    """remove dead retries: calls a later call of the episode retried (``discarded_by``: the harness discarded
+    the answer); counted in ``clean/discarded_calls|tokens``"""
     max_leaves: int | None = 64
     """a rollout whose cleaned call tree has more leaves than this (runaway branching) is dropped from its group
     before the advantages (counted in ``clean/dropped_rollouts_max_leaves``; a group left with fewer than 2

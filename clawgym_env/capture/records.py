@@ -76,8 +76,10 @@ class CallRecord(BaseModel):
     kind_reason: str | None = Field(
         default=None, description="who classified the call and on what evidence (adapter rule or structural default)")
     discarded_by: int | None = Field(
-        default=None, description="call_index of a later call that re-sent this call's prompt: the harness discarded "
-                                  "this output and retried (a dead leaf, never trained)")
+        default=None, description="call_index of the later call that retried this one: it re-sent this call's prompt "
+                                  "(or, as the adapter declares for its harness, e.g. OpenClaw, the same messages "
+                                  "with an interrupted-turn note), so the harness discarded this output (a dead "
+                                  "leaf, never trained)")
 
 
 class WorkspaceChange(BaseModel):
