@@ -82,3 +82,15 @@ def test_serve_proxy_closes_the_policy_it_built(built, monkeypatch, fails):
     else:
         assert cmd_serve_proxy(args) == 0
     assert [p.closed for p in built] == [1]
+
+
+def test_a_rollout_worker_closes_the_policy_it_built_once(built, tmp_path):
+    from clawgym_env.fleet import FleetConfig
+    from clawgym_env.fleet.worker import RolloutWorker
+
+    worker = RolloutWorker(FleetConfig(policy="closing:test", out_dir=str(tmp_path / "eps"),
+                                       ship_cache_dir=str(tmp_path / "cache")), 0, "0" * 8, 1)
+    assert worker.proxy.running and [p.closed for p in built] == [0]
+    worker.close()
+    worker.close()  # idempotent
+    assert not worker.proxy.running and [p.closed for p in built] == [1]

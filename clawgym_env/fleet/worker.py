@@ -73,6 +73,7 @@ class RolloutWorker:
             config.worker_setup(self.info)
         self.config = config
         self.policy = make_policy(config.policy)
+        self._policy_open = True  # closed once, by close()
         self.policy.tokenizer  # noqa: B018 - load it now, not first inside concurrent episodes
         self.proxy = (ProxyServer(self.policy, max_context_tokens=config.max_context_tokens)
                       if config.max_context_tokens else ProxyServer(self.policy))
@@ -183,9 +184,17 @@ class RolloutWorker:
             return dataclasses.replace(self._pool.stats) if self._pool is not None else None
 
     def close(self) -> None:
-        """Stop the worker's serving proxy and its warm sandbox pool (idempotent)."""
+        """Stop the worker's serving proxy, its warm sandbox pool and the policy it built (idempotent)."""
         self.proxy.stop()
         with self._pool_lock:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
+        with self._pool_lock:
+            built, self._policy_open = self._policy_open, False
+        if not built:
+            return
+        try:
+            self.policy.close()  # e.g. a passthrough's HTTP clients; built here from the config's spec
+        except Exception as exc:  # noqa: BLE001 - a policy that fails to close must not fail the worker's close
+            log.warning("rollout worker: closing policy %r failed: %s", self.policy.name, exc)
