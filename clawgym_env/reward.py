@@ -40,7 +40,7 @@ from typing import Any
 
 from clawgym_env.errors import ClawGymError
 from clawgym_env.grading import GradeContext, GradeResult, GradeStatus
-from clawgym_env.sandbox import SandboxSpec, get_backend
+from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend
 
 PAYLOAD_PATH = "/tmp/clawgym-reward-payload.json"
 GRADER_SITE_DIR = "/run/clawgym-grader"
@@ -164,6 +164,16 @@ def copy_reward_dir(task: Any, dest: Path) -> None:
                               f"refused: {', '.join(bad[:5])}; replace them with regular files")
 
 
+def grader_limits(task: Any) -> SandboxLimits:
+    """The grader's sandbox limits: the defaults, with the task's disk quota where it is larger (the workspace the
+    agent filled up to its quota must fit the grader's copy); the agent's memory cap does not bind the grader."""
+    limits = SandboxLimits()
+    disk = getattr(getattr(task, "limits", None), "disk_mb", None)
+    if disk is not None and limits.disk_mb is not None and disk > limits.disk_mb:
+        limits = dataclasses.replace(limits, disk_mb=disk)
+    return limits
+
+
 def grade_workspace(task: Any, workspace: str | Path, *, final_message: str | None = None,
                     transcript: list[Any] | None = None, sandbox: str = "bwrap") -> RewardResult:
     """Grade ``workspace`` (a host folder, left untouched) for ``task`` in a fresh sandbox."""
@@ -195,7 +205,8 @@ def grade_workspace(task: Any, workspace: str | Path, *, final_message: str | No
         (site / "sitecustomize.py").write_text(GRADER_SITE)
         spec = SandboxSpec(workspace_host=ws, workspace_target=task.mount_dir,
                            extra_binds=[(site, GRADER_SITE_DIR, False)],
-                           env={"OPENCLAW_REWARD_PAYLOAD": PAYLOAD_PATH, **HERMETIC_ENV})
+                           env={"OPENCLAW_REWARD_PAYLOAD": PAYLOAD_PATH, **HERMETIC_ENV},
+                           limits=grader_limits(task))
         with backend(spec) as sb:
             sb.write_file(PAYLOAD_PATH, json.dumps(build_payload(task, final_message, transcript)))
             res = sb.exec(["bash", f"{task.mount_dir}/reward/reward.sh"], cwd=task.mount_dir,

@@ -148,3 +148,18 @@ def test_task_quota_is_enforced_and_recorded_in_bwrap(tmp_path, disk_mb):
     else:
         assert rec.limits_hit == ["disk:workspace"], (rec.limits_hit, rec.status, rec.error, rec.logs)
         assert changes["big.bin"].size < BIG
+
+
+@pytest.mark.parametrize("disk_mb,expected", [(None, SandboxLimits().disk_mb), (8, SandboxLimits().disk_mb),
+                                              (5000, 5000)])
+def test_the_grader_gets_room_for_the_agents_workspace(tmp_path, disk_mb, expected):
+    from clawgym_env.reward import grade_workspace
+
+    suite = echo_suite(tmp_path / "s", [EchoTaskSpec("a", "x", expect="x")])
+    task = suite.tasks[0].model_copy(deep=True)
+    task.limits.disk_mb, task.limits.memory_mb = disk_mb, 700
+    SpecCatcher.seen = []
+    with sandboxes.registered("spec-catcher", SpecCatcher), pytest.raises(SandboxError):
+        grade_workspace(task, tmp_path / "s", sandbox="spec-catcher")
+    (spec,) = SpecCatcher.seen
+    assert spec.limits == dataclasses.replace(SandboxLimits(), disk_mb=expected)  # memory: the default
