@@ -30,16 +30,10 @@ PROJECT = Path(clawgym_env.__file__).resolve().parent.parent
 TARGET = "/root/.openclaw/workspace"
 
 
-def _engine_problem() -> str | None:
-    try:
-        import docker
-
-        client = docker.from_env(timeout=20)
-        client.ping()
-        client.close()
-        return None
-    except Exception as exc:  # noqa: BLE001 - any failure means "no engine answers"
-        return str(exc).strip()[:300] or type(exc).__name__
+try:
+    from helpers_docker import engine_problem as _engine_problem
+except ImportError:  # tests run as a package
+    from tests.helpers_docker import engine_problem as _engine_problem
 
 
 @pytest.fixture(scope="module")

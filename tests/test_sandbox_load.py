@@ -35,6 +35,11 @@ from clawgym_env.sandbox.bwrap import check_bwrap
 from clawgym_env.task import Task, TaskLimits
 from clawgym_env.testing import EchoHarness, EchoScriptPolicy, EchoTaskSpec, echo_suite
 
+try:
+    from helpers_docker import require_engine
+except ImportError:  # tests run as a package
+    from tests.helpers_docker import require_engine
+
 ROOT = Path(__file__).resolve().parent.parent
 MARK_VAR = "CLAWGYM_LOAD_MARK"
 KILL_VAR = "CLAWGYM_LOAD_KILL"
@@ -344,26 +349,9 @@ def test_a_sandbox_pool_is_for_docker_only():
 
 # ---- Docker --------------------------------------------------------------------------------------
 
-def _engine_problem() -> str | None:
-    try:
-        import docker
-
-        client = docker.from_env(timeout=20)
-        client.ping()
-        client.close()
-        return None
-    except Exception as exc:  # noqa: BLE001 - any failure means "no engine answers"
-        return str(exc).strip()[:300] or type(exc).__name__
-
-
 @pytest.fixture
 def engine():
-    why = _engine_problem()
-    if why is not None and os.geteuid() == 0 and shutil.which("dockerd"):
-        subprocess.run([str(ROOT / "scripts" / "dockerd.sh"), "start"], capture_output=True, timeout=180)
-        why = _engine_problem()
-    if why is not None:
-        pytest.skip(f"no Docker engine can run here: {why}")
+    require_engine()
     import docker
 
     client = docker.from_env(timeout=60)

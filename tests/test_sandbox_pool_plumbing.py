@@ -10,11 +10,7 @@ a one-node Ray fleet's worker keeps its own pool on its node.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +18,10 @@ from clawgym_cli.main import build_parser, main
 from clawgym_env.fleet import FleetConfig
 from clawgym_env.testing import EchoHarness, echo_suite
 
-ROOT = Path(__file__).resolve().parent.parent
+try:
+    from helpers_docker import require_engine
+except ImportError:  # tests run as a package
+    from tests.helpers_docker import require_engine
 
 
 def test_the_pool_options_parse():
@@ -69,26 +68,9 @@ def test_the_runtime_hands_its_pool_to_a_ray_fleet():
 
 # ---- with a Docker engine -----------------------------------------------------------------------
 
-def _engine_problem() -> str | None:
-    try:
-        import docker
-
-        client = docker.from_env(timeout=20)
-        client.ping()
-        client.close()
-        return None
-    except Exception as exc:  # noqa: BLE001 - any failure means "no engine answers"
-        return str(exc).strip()[:300] or type(exc).__name__
-
-
 @pytest.fixture
 def engine():
-    why = _engine_problem()
-    if why is not None and os.geteuid() == 0 and shutil.which("dockerd"):
-        subprocess.run([str(ROOT / "scripts" / "dockerd.sh"), "start"], capture_output=True, timeout=180)
-        why = _engine_problem()
-    if why is not None:
-        pytest.skip(f"no Docker engine can run here: {why}")
+    require_engine()
 
 
 def _http_echo() -> EchoHarness:
