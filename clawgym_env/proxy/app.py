@@ -285,11 +285,12 @@ class ProxyApp:
             if inline:
                 prep = prepare_turn(session, policy, treq, self.server.limits)
             else:
-                prep = await asyncio.get_running_loop().run_in_executor(executor, prepare_turn, session, policy,
-                                                                        treq, self.server.limits)
-        except RuntimeError as exc:  # executor shut down under us
-            session.call_ended()
-            raise ProxyError("the proxy is shutting down", status=503, code="unavailable") from exc
+                try:
+                    fut = asyncio.get_running_loop().run_in_executor(executor, prepare_turn, session, policy, treq,
+                                                                     self.server.limits)
+                except RuntimeError as exc:  # executor shut down under us
+                    raise ProxyError("the proxy is shutting down", status=503, code="unavailable") from exc
+                prep = await fut
         except BaseException:
             session.call_ended()
             raise
