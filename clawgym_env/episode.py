@@ -53,6 +53,7 @@ from clawgym_env.harness import Endpoint, HarnessAdapter
 from clawgym_env.policy.base import SamplingOverrides
 from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend, host_toolchain_paths
 from clawgym_env.task import Task
+from clawgym_env.task_inputs import modified_inputs
 from clawgym_env.workspace_files import Entry, copy_tree, remove_tree, snapshot
 
 if TYPE_CHECKING:
@@ -226,6 +227,10 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, *, sand
         except Exception as exc:  # noqa: BLE001 - a listing must never cost the episode its record
             log.error("episode %s: listing the workspace failed", episode_id, exc_info=exc)
             record["logs"]["workspace_changes_error"] = f"{type(exc).__name__}: {exc}"
+        try:  # the task's own files the agent changed: visible whether or not the grader restores them
+            record["inputs_modified"] = modified_inputs(task, ws)
+        except OSError as exc:
+            record["logs"]["inputs_modified_error"] = f"{type(exc).__name__}: {exc}"
         status_before_grading = record["status"]
         if grade and record["status"] != "infra_error":  # nothing the agent did is left to grade
             t2 = time.monotonic()
@@ -233,6 +238,8 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, *, sand
                 rr = grade_episode(task, ws, final_message=out.final_message, transcript=out.transcript,
                                    sandbox=sandbox, judge=judge)
                 record.update(reward=rr.reward, subscores=rr.subscores, reward_reason=rr.reason)
+                if rr.notes:
+                    record["logs"]["grader_notes"] = "\n".join(rr.notes)
                 if not rr.valid:  # no valid reward: never the agent's 0, whatever else happened
                     record.update(status="reward_invalid", error=rr.reason)
                 elif not rr.ok and record["status"] == "ok":

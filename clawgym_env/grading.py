@@ -64,6 +64,9 @@ class GradeResult:
     stdout: str = ""
     stderr: str = ""
     wall_s: float = 0.0
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """What the grader changed in its copy of the workspace before grading, with reasons (a planted
+    ``reward/`` removed, protected inputs restored, links into ``reward/`` removed)."""
 
     @property
     def ok(self) -> bool:

@@ -38,16 +38,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clawgym_env.errors import ClawGymError
+from clawgym_env import guest_client
+from clawgym_env.errors import ClawGymError, SandboxError
 from clawgym_env.grading import GradeContext, GradeResult, GradeStatus
+from clawgym_env.guest import SOCKET_NAME, GuestBroker
+from clawgym_env.reward_links import drop_links_into_reward
 from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend
+from clawgym_env.task_inputs import restore_protected
 
 PAYLOAD_PATH = "/tmp/clawgym-reward-payload.json"
 GRADER_SITE_DIR = "/run/clawgym-grader"
 """Where the grader's ``sitecustomize`` is mounted read-only inside the grading sandbox."""
 
 GRADER_SITE = '''\
-"""ClawGym grader: restore sys.path[0] for scripts under PYTHONSAFEPATH; the cwd goes last."""
+"""ClawGym grader: restore sys.path[0] for scripts under PYTHONSAFEPATH; the grader's lib, then the cwd, go last."""
 import os as _os
 import sys as _sys
 
@@ -55,6 +59,7 @@ import sys as _sys
 def _clawgym_grader_path():
     here = _os.path.dirname(_os.path.abspath(__file__))
     _sys.path[:] = [p for p in _sys.path if p and _os.path.abspath(p) != here]
+    _sys.path.append(_os.path.join(here, "lib"))  # clawgym_guest: before the workspace, never shadowed by it
     import importlib.machinery as _m
 
     own = _m.PathFinder.find_spec("sitecustomize", list(_sys.path))  # the interpreter's own, if any
@@ -100,6 +105,9 @@ class RewardResult:
     wall_s: float = 0.0
     invalid: bool = False
     """True when no valid reward exists (the task's verifier folder is unusable): not the agent's 0."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """What the grader changed in its copy of the workspace before grading (a planted ``reward/`` removed,
+    protected inputs restored, links into ``reward/`` removed), each with its reason."""
 
 
 def parse_reward_output(stdout: str, returncode: int, timed_out: bool) -> tuple[float, bool, str | None]:
@@ -180,7 +188,7 @@ def grade_workspace(task: Any, workspace: str | Path, *, final_message: str | No
     if task.reward_dir is None or not (Path(task.reward_dir) / "reward.sh").exists():
         return RewardResult(0.0, {}, False, f"task error: task {task.full_id} has no reward/reward.sh; add one, or "
                             "give the task a grader that needs none", invalid=True)
-    from clawgym_env.workspace_files import copy_tree, private_tempdir, remove_tree
+    from clawgym_env.workspace_files import copy_tree, private_tempdir
 
     t0 = time.monotonic()
     backend = get_backend(sandbox)
@@ -191,33 +199,79 @@ def grade_workspace(task: Any, workspace: str | Path, *, final_message: str | No
         except (OSError, ClawGymError) as exc:  # the agent left a workspace that cannot be read: its 0
             return RewardResult(0.0, {}, False, f"the final workspace could not be copied for grading: {exc}",
                                 wall_s=time.monotonic() - t0)
-        planted = ws / "reward"
-        if planted.is_symlink() or (planted.exists() and not planted.is_dir()):
-            planted.unlink()
-        elif planted.exists():
-            remove_tree(planted)
+        notes = _prepare_for_grading(task, ws)
+        reward_copy = tmp / "reward"
         try:
-            copy_reward_dir(task, planted)
+            copy_reward_dir(task, reward_copy)
         except TaskFolderError as exc:
             return RewardResult(0.0, {}, False, str(exc), wall_s=time.monotonic() - t0, invalid=True)
+        seal_tree(reward_copy)
+        (ws / "reward").mkdir(mode=0o755)  # the mount point of the sealed copy
         site = tmp / "grader-site"
-        site.mkdir()
+        site.mkdir(mode=0o755)
         (site / "sitecustomize.py").write_text(GRADER_SITE)
+        (site / "lib").mkdir(mode=0o755)
+        (site / "lib" / "clawgym_guest.py").write_text(Path(guest_client.__file__).read_text())
+        limits = grader_limits(task)
         spec = SandboxSpec(workspace_host=ws, workspace_target=task.mount_dir,
-                           extra_binds=[(site, GRADER_SITE_DIR, False)],
-                           env={"OPENCLAW_REWARD_PAYLOAD": PAYLOAD_PATH, **HERMETIC_ENV},
-                           limits=grader_limits(task))
-        with backend(spec) as sb:
+                           extra_binds=[(site, GRADER_SITE_DIR, False),
+                                        (reward_copy, f"{task.mount_dir}/reward", False)],
+                           env={"OPENCLAW_REWARD_PAYLOAD": PAYLOAD_PATH, **HERMETIC_ENV,
+                                guest_client.SOCKET_ENV: f"{GRADER_SITE_DIR}/{SOCKET_NAME}"},
+                           limits=limits)
+        budget = task.limits.reward_timeout_s
+        with GuestBroker(socket_dir=site, base=ws, mount=task.mount_dir, sandbox=sandbox, limits=limits,
+                         deadline=time.monotonic() + budget, work_dir=tmp) as broker, backend(spec) as sb:
             sb.write_file(PAYLOAD_PATH, json.dumps(build_payload(task, final_message, transcript)))
-            res = sb.exec(["bash", f"{task.mount_dir}/reward/reward.sh"], cwd=task.mount_dir,
-                          timeout=task.limits.reward_timeout_s)
+            res = sb.exec(["bash", f"{task.mount_dir}/reward/reward.sh"], cwd=task.mount_dir, timeout=budget)
             reward, ok, reason = parse_reward_output(res.stdout, res.returncode, res.timed_out)
             subscores: dict[str, float] = {}
-            if (planted / "check.py").exists() and not res.timed_out:
+            if (reward_copy / "check.py").exists() and not res.timed_out:
+                broker.renew(time.monotonic() + budget)
                 sub = sb.exec(["python3", f"{task.mount_dir}/reward/check.py", task.mount_dir], cwd=task.mount_dir,
-                              timeout=task.limits.reward_timeout_s)
+                              timeout=budget)
                 subscores = _parse_subscores(sub.stdout)
-    return RewardResult(reward, subscores, ok, reason, res.stdout[-4000:], res.stderr[-4000:], time.monotonic() - t0)
+        if broker.failure is not None:  # a guest sandbox could not start: infrastructure, never the agent's 0
+            raise SandboxError(f"the grader's guest sandbox failed: {broker.failure}")
+    return RewardResult(reward, subscores, ok, reason, res.stdout[-4000:], res.stderr[-4000:], time.monotonic() - t0,
+                        notes=notes)
+
+
+def _prepare_for_grading(task: Any, ws: Path) -> list[str]:
+    """Make the grader's copy of the workspace safe to grade; returns what was changed, as notes.
+
+    Whatever the agent left at ``reward/`` goes (the task's own is mounted there, sealed); protected inputs
+    are put back as the task shipped them; links that would lead the verifier into ``reward/`` (or through
+    ``/proc``, ``/dev``) are removed."""
+    from clawgym_env.workspace_files import remove_tree
+
+    notes: list[str] = []
+    planted = ws / "reward"
+    if os.path.lexists(planted):
+        notes.append("removed what the agent left at reward/ (the task's own verifier folder goes there)")
+        if planted.is_symlink() or not planted.is_dir():
+            planted.unlink()
+        else:
+            remove_tree(planted)
+    restored = restore_protected(task, ws)
+    if restored:
+        notes.append(f"restored {len(restored)} protected input(s) as the task shipped them: "
+                     f"{', '.join(restored[:10])}")
+    dropped = drop_links_into_reward(ws, task.mount_dir)
+    if dropped:
+        notes.append(f"removed {len(dropped)} link(s) the verifier must not follow: {'; '.join(dropped[:5])}")
+    return notes
+
+
+def seal_tree(root: Path) -> None:
+    """Make the host copy ``root`` readable by anyone and writable by no one but its owner (this process):
+    folders 0555, files 0444 (0555 when executable); the grading sandbox also mounts it read-only."""
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o555 if os.stat(path).st_mode & 0o111 else 0o444)
+        os.chmod(dirpath, 0o555)
 
 
 class ScriptGrader:
@@ -232,4 +286,5 @@ class ScriptGrader:
         rr = grade_workspace(ctx.task, ctx.workspace, final_message=ctx.final_message, transcript=ctx.transcript,
                              sandbox=ctx.sandbox)
         status: GradeStatus = "reward_invalid" if rr.invalid else ("ok" if rr.ok else "reward_error")
-        return GradeResult(rr.reward, rr.subscores, status, rr.reason, self.name, rr.stdout, rr.stderr, rr.wall_s)
+        return GradeResult(rr.reward, rr.subscores, status, rr.reason, self.name, rr.stdout, rr.stderr, rr.wall_s,
+                           notes=rr.notes)

@@ -66,6 +66,11 @@ class Task(BaseModel):
     limits: TaskLimits = Field(default_factory=TaskLimits)
     notes: list[str] = Field(default_factory=list)
     """Non-fatal observations made while loading (e.g. the task_id differs from the folder name)."""
+    protected_inputs: list[str] = Field(default_factory=list)
+    """Task-provided files the grader restores from the pristine task before grading (workspace-relative
+    paths or ``fnmatch`` patterns such as ``tests/*.py``, matched against the files of ``input_dir``): the
+    test files and fixtures a check depends on, which the agent may read but must not change. A match
+    the agent changed, deleted or replaced by a link or a folder is put back as the task shipped it."""
     grader: str = "reward.sh"
     """The name of the grader the engine applies inside the episode (:mod:`clawgym_env.grading`), set
     by the task's source from its kind (``reward.sh``, ``hybrid``, ``jobbench``, or a third party's)."""

@@ -4,7 +4,8 @@ A task dir is a folder::
 
     <task_dir>/
       data_entry.json   {"task_id": str, "user_query": str, "input_mount_dir": abs path,
-                         "metadata": {...}, "limits": {...} (optional, this project's extension)}
+                         "metadata": {...}, "limits": {...}, "protected_inputs": [...]
+                         (the last two optional, this project's extensions)}
       input_files/      optional; copied verbatim into the workspace by the runner
       reward/reward.sh  prints the score, a float in [0, 1], as its last stdout line
       expert.json       optional (this project's extension): {"steps": [...], "wrong": [...]}
@@ -15,6 +16,10 @@ verifier's wall clock, 120), ``disk_mb`` (the sandbox's disk quota in MiB for ea
 workspace, HOME, ``/tmp``, ``/dev/shm``; null or absent: the sandbox default, 2048) and ``memory_mb``
 (the sandbox's memory limit in MiB; null or absent: 4096), e.g.
 ``{"timeout_s": 300, "max_turns": 20, "disk_mb": 64}``.
+
+``protected_inputs`` (:attr:`~clawgym_env.task.Task.protected_inputs`): input files the grader puts
+back as shipped before grading, as workspace-relative paths or ``fnmatch`` patterns, e.g.
+``["test_mathutils.py", "tests/*.py"]``; each must match at least one file of ``input_files/``.
 
 Invariants of a :class:`~clawgym_env.task.Task` returned by :func:`load_task_dir`:
   * ``id`` is the ``task_id`` of ``data_entry.json`` (non-empty, no ``/``, no whitespace);
@@ -40,6 +45,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from clawgym_env.errors import TaskError
 from clawgym_env.task import Task, TaskLimits
+from clawgym_env.task_inputs import input_files, matching
 from tasks.hybrid import is_hybrid
 
 DATA_ENTRY = "data_entry.json"
@@ -113,6 +119,24 @@ def _parse_limits(raw: Any, path: Path) -> TaskLimits:
                         f"(max_turns, disk_mb and memory_mb whole numbers)") from e
 
 
+def _parse_protected(raw: Any, path: Path, input_dir: Path | None) -> list[str]:
+    """``protected_inputs``: a list of workspace-relative paths or patterns, each matching an input file."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(p, str) and p.strip() for p in raw):
+        raise TaskError(f"{path}: 'protected_inputs' must be a list of workspace-relative paths or patterns, "
+                        f'e.g. ["test_mathutils.py", "tests/*.py"], got {raw!r}')
+    files = input_files(input_dir) if input_dir is not None else []
+    for pattern in raw:
+        if pattern.startswith("/") or ".." in pattern.split("/"):
+            raise TaskError(f"{path}: protected_inputs entry {pattern!r} must be relative to the workspace and "
+                            "stay inside it (no leading '/', no '..')")
+        if not matching(files, [pattern]):
+            raise TaskError(f"{path}: protected_inputs entry {pattern!r} matches no file of {INPUT_DIR}/; "
+                            f"name files the task ships there (it has {len(files)}: {files[:5]})")
+    return list(raw)
+
+
 def load_task_dir(path: str | Path, suite: str | None = None) -> Task:
     """Load one task dir into a :class:`Task` (``suite`` is recorded on it, not checked)."""
     task_dir = Path(path).expanduser()
@@ -177,8 +201,10 @@ def load_task_dir(path: str | Path, suite: str | None = None) -> Task:
         raise TaskError(f"{reward_dir / REWARD_SCRIPT}: missing; add a bash script that prints the score "
                         f"(a float in [0, 1]) as its last stdout line")
 
+    protected = _parse_protected(entry.get("protected_inputs"), entry_path, input_dir)
     task = Task(id=task_id, instruction=instruction, mount_dir=mount, suite=suite, task_dir=task_dir,
-                input_dir=input_dir, reward_dir=reward_dir, metadata=metadata, limits=limits, notes=notes)
+                input_dir=input_dir, reward_dir=reward_dir, metadata=metadata, limits=limits, notes=notes,
+                protected_inputs=protected)
     if is_hybrid(task):  # a rubric: ClawGym-Bench hybrid grading (tasks.graders.HybridGrader)
         task.grader = "hybrid"
     return task

@@ -93,6 +93,19 @@ class WorkspaceChange(BaseModel):
     kind: str = "file"
 
 
+class InputChange(BaseModel):
+    """One task-provided input file that differs in the final workspace from what the task shipped:
+    ``modified`` (other content; ``sha256_now`` when the sizes are equal, else only ``size_now``),
+    ``deleted``, or ``replaced`` by something that is not a regular file (``now``: symlink, dir, special)."""
+
+    path: str
+    change: Literal["modified", "deleted", "replaced"]
+    sha256_task: str
+    sha256_now: str | None = None
+    size_now: int | None = None
+    now: str | None = None
+
+
 class EpisodeRecord(BaseModel):
     """The outcome of one whole harness episode. A failed episode is a record, not a crash."""
 
@@ -112,6 +125,9 @@ class EpisodeRecord(BaseModel):
     wall_s: float = 0.0
     timings: dict[str, float] = Field(default_factory=dict)
     workspace_changes: list[WorkspaceChange] = Field(default_factory=list)
+    inputs_modified: list[InputChange] = Field(
+        default_factory=list, description="task-provided input files the agent changed, deleted or replaced "
+                                          "(by content hash); visible whether or not the grader restored them")
     exit_code: int | None = None
     error: str | None = None
     logs: dict[str, str] = Field(default_factory=dict)
