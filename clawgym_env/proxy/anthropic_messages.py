@@ -209,7 +209,7 @@ def parse_request(body: Any) -> TurnRequest:
     messages, tools, thinking = _conversation(req)
     return TurnRequest(messages=messages, tools=tools, max_tokens=req.max_tokens, temperature=req.temperature,
                        top_p=req.top_p, stop=[s for s in req.stop_sequences or [] if s], stream=bool(req.stream),
-                       model=req.model, enable_thinking=thinking, tool_id_prefix="toolu_")
+                       model=req.model, enable_thinking=thinking, tool_id_prefix="toolu_", source=req)
 
 
 def count_tokens(body: Any, tokenizer: Any) -> dict[str, int]:

@@ -3,7 +3,11 @@
 Routes: ``POST /ep/{token}/v1/chat/completions`` (OpenAI chat), ``/v1/messages`` (Anthropic Messages;
 ``/v1/messages/count_tokens`` is a side route, see :data:`SIDE_ROUTES`), ``/v1/responses`` (OpenAI
 Responses), ``GET /ep/{token}/v1/models`` (and ``/models/{id}``), ``GET /healthz``. The invariants
-are :mod:`clawgym_env.proxy.server`'s (error shapes, episode-bound sockets, failures, bounds).
+are :mod:`clawgym_env.proxy.server`'s (error shapes, episode-bound sockets, failures, bounds) and
+:mod:`clawgym_env.proxy.bounds`'s (what one episode and all of them may hold). Every HTTP request holds a
+:class:`~clawgym_env.proxy.bounds.Ticket` from its first byte until its answer has been sent; a body larger
+than :data:`PARSE_INLINE_BYTES` is parsed, validated and trimmed for its record in a worker thread, so the
+event loop keeps serving other episodes meanwhile.
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ from clawgym_env.errors import PolicyError, ProxyError
 from clawgym_env.policy.base import PolicyBackend
 from clawgym_env.proxy import openai_chat
 from clawgym_env.proxy.dialects import DIALECTS, DialectModule, DialectName, DialectSpec
+from clawgym_env.proxy.bounds import VALUE_BYTES, Budget, ProxyLimits, Ticket
 from clawgym_env.proxy.keepalive import Failure, first_wait, keepalive_body
-from clawgym_env.proxy.limits import ClientGone, check_prompt_size, parse_json, read_body
-from clawgym_env.proxy.listeners import EPISODE_STATE_KEY
+from clawgym_env.proxy.limits import ClientGone, check_prompt_size, json_values_bound, parse_json, read_body
+from clawgym_env.proxy.listeners import CONNECTION_VERDICT_KEY, EPISODE_STATE_KEY
 from clawgym_env.proxy.live import LiveStart, LiveTurn
+from clawgym_env.proxy.recorded import recorded_body
 from clawgym_env.proxy.sessions import (
     EpisodeSession,
     Limits,
@@ -61,7 +67,10 @@ class ProxyHost(Protocol):
     def created(self) -> float: ...  # noqa: D102 - a field of the host
 
     @property
-    def max_body_bytes(self) -> int: ...  # noqa: D102 - a field of the host
+    def bounds(self) -> ProxyLimits: ...  # noqa: D102 - a field of the host
+
+    @property
+    def budget(self) -> Budget: ...  # noqa: D102 - a field of the host
 
     @property
     def read_timeout_s(self) -> float: ...  # noqa: D102 - a field of the host
@@ -96,6 +105,11 @@ def _error(dialect: DialectModule, status: int, message: str, field: str | None 
 
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+TICKET_KEY = "clawgym_ticket"
+"""The ASGI scope key of a request's :class:`~clawgym_env.proxy.bounds.Ticket`."""
+PARSE_INLINE_BYTES = 64 << 10
+"""A body up to this size is parsed on the event loop (well under a millisecond); a larger one in a thread."""
+_CLOSING = {"episode_connection_limit", "proxy_connection_limit"}  # answered, then the connection is closed
 
 
 def _classify(exc: BaseException, path: str) -> Failure:
@@ -134,8 +148,20 @@ class ProxyApp:
         routes += [Route("/ep/{token}/v1" + path, self._endpoint(d), methods=["POST"]) for path, d in DIALECT_ROUTES]
         routes += [Route("/ep/{token}/v1" + path, self._side_endpoint(d.load(), fn), methods=["POST"])
                    for path, d, fn in SIDE_ROUTES]
-        self.app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error,
-                                                                Exception: self._crash})
+        self.routes = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error,
+                                                                   Exception: self._crash})
+
+    async def app(self, scope: Any, receive: Any, send: Any) -> None:
+        """The ASGI app: the routes, each HTTP request holding its budget ticket until its answer is sent."""
+        if scope["type"] != "http":
+            await self.routes(scope, receive, send)
+            return
+        ticket = self.server.budget.ticket()
+        scope[TICKET_KEY] = ticket
+        try:
+            await self.routes(scope, receive, send)
+        finally:
+            ticket.close()
 
     async def _http_error(self, request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
@@ -161,11 +187,33 @@ class ProxyApp:
         token = request.path_params["token"]
         bound = self._bound_token(request)
         session = self.server.registry.get(token) if bound is None or bound == token else None
+        state = request.scope.get("state") or {}
+        verdict = state.get(CONNECTION_VERDICT_KEY)
         if session is None:
+            if verdict == "proxy":
+                self._ticket(request).enter(token, shared=False, verdict=verdict)  # raises: the proxy is full
             raise ProxyError("unknown or closed episode token in the base URL (/ep/<token>/v1)", status=404,
                              code="episode_not_found")
         request.state.clawgym_session = session
+        self._ticket(request).enter(session.token, shared=bound is None, verdict=verdict)
         return session
+
+    @staticmethod
+    def _ticket(request: Request) -> Ticket:
+        return request.scope[TICKET_KEY]
+
+    def _check_records(self, session: EpisodeSession) -> None:
+        """Refuse a call of an episode whose records reached their bound, or when in-memory records did."""
+        limits = self.server.bounds
+        if session.recorded_bytes >= limits.max_episode_recorded_bytes:
+            raise ProxyError(f"this episode has recorded {session.recorded_bytes} bytes of calls, its limit is "
+                             f"{limits.max_episode_recorded_bytes} bytes (max_episode_recorded_bytes); end the "
+                             "episode", status=413, code="episode_record_limit")
+        held = self.server.registry.memory_bytes()
+        if held >= limits.max_recorded_bytes:
+            raise ProxyError(f"the open episodes keep {held} bytes of records in memory, the proxy's limit is "
+                             f"{limits.max_recorded_bytes} bytes (max_recorded_bytes; stream records to a calls "
+                             "file); retry later", status=503, code="proxy_record_limit")
 
     async def models(self, request: Request) -> Response:
         """``GET /ep/{token}/v1/models``: the one served model."""
@@ -193,7 +241,9 @@ class ProxyApp:
 
     async def _side(self, request: Request, fn: Callable) -> Response:
         self._session(request)
-        body = await self._read_json(request)
+        raw = await self._read_raw(request)
+        body = await self._off_loop(len(raw), parse_json, raw, self.server.max_json_depth)
+        del raw
         limits = self.server.limits  # side calls tokenise the whole body: the same bound first
         check_prompt_size(body, None, limits.max_prompt_chars, limits.max_context)
         executor = self.server._executor
@@ -215,7 +265,10 @@ class ProxyApp:
         except Exception as exc:  # noqa: BLE001 - classified below; a bug becomes a JSON 500
             status, message, field, code = _classify(exc, request.url.path)
         self._note_failure(request, status, code, message)
-        return _error(dialect, status, message, field, code)
+        answer = _error(dialect, status, message, field, code)
+        if code in _CLOSING:
+            answer.headers["connection"] = "close"
+        return answer
 
     def _note_failure(self, request: Request, status: int, code: str | None, message: str) -> None:
         """Keep a non-2xx answer on the session it belongs to: the socket's episode when the request came
@@ -230,8 +283,10 @@ class ProxyApp:
     async def _turn(self, request: Request, dialect: DialectModule, name: DialectName) -> Response:
         started = time.time()
         session = self._session(request)
-        body = await self._read_json(request)
-        treq = dialect.parse_request(body)
+        self._check_records(session)
+        raw = await self._read_raw(request)
+        treq, body = await self._off_loop(len(raw), self._parse_turn, raw, dialect)
+        del raw
         meta = TurnMeta(dialect=name, path=request.url.path, body=body,
                         headers=redact_headers(request.headers), started_at=started)
         executor = self.server._executor
@@ -307,17 +362,37 @@ class ProxyApp:
         body = turn.body(first, writer, keepalive_s, classify, note)
         return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
 
-    async def _read_json(self, request: Request) -> Any:
+    def _parse_turn(self, raw: bytearray, dialect: DialectModule) -> tuple[TurnRequest, Any]:
+        """Parse and validate a turn's body; (the request, the body as its record keeps it)."""
+        body = parse_json(raw, self.server.max_json_depth)
+        treq = dialect.parse_request(body)
+        return treq, recorded_body(body, treq.source, self.server.bounds.max_unknown_bytes)
+
+    @staticmethod
+    async def _off_loop(size: int, fn: Callable, *args: Any) -> Any:
+        """``fn(*args)`` on the loop for a small body, in a worker thread for one over PARSE_INLINE_BYTES."""
+        if size <= PARSE_INLINE_BYTES:
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
+
+    async def _read_raw(self, request: Request) -> bytearray:
+        """The request's JSON body, unparsed: bounded in bytes and in JSON values, and charged to its ticket."""
         ctype = request.headers.get("content-type")
         if ctype is not None:
             media = ctype.split(";")[0].strip().lower()
             if media != "application/json" and not media.endswith("+json"):
                 raise ProxyError(f"the content-type must be application/json, got {ctype!r}", field="content-type")
-        s = self.server
+        s, limits, ticket = self.server, self.server.bounds, self._ticket(request)
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > s.max_body_bytes:
-            raise ProxyError(f"the request body is larger than the limit of {s.max_body_bytes} bytes "
+        if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
+            raise ProxyError(f"the request body is larger than the limit of {limits.max_body_bytes} bytes "
                              "(max_body_bytes)", status=413, field="body", code="request_too_large")
-        raw = await read_body(request, s.max_body_bytes, s.read_timeout_s)
+        raw = await read_body(request, limits.max_body_bytes, s.read_timeout_s, ticket.charge)
         request.state.clawgym_body_bytes = len(raw)
-        return parse_json(raw, s.max_json_depth)
+        values = json_values_bound(raw)
+        if values > limits.max_json_values:
+            raise ProxyError(f"the request body may hold up to {values} JSON values, over the limit of "
+                             f"{limits.max_json_values} (max_json_values; counted as 1 + its '[' and ',' bytes "
+                             "+ twice its ':' bytes)", status=413, field="body", code="request_too_large")
+        ticket.charge(VALUE_BYTES * values, "parsed request bodies")
+        return raw

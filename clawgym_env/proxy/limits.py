@@ -3,7 +3,11 @@
 Invariants:
   * :func:`read_body` never holds more than ``max_bytes`` (+ one chunk) of a body, and never waits more
     than ``read_timeout_s`` for the next chunk; a client that goes away mid-body raises
-    :class:`ClientGone` (logged as a disconnect, never as a crash).
+    :class:`ClientGone` (logged as a disconnect, never as a crash). Each chunk is charged (``charge``,
+    :meth:`~clawgym_env.proxy.bounds.Ticket.charge`) before it is kept.
+  * :func:`json_values_bound` is an upper bound on the JSON values (and object keys) a body can parse to,
+    counted on its bytes without parsing: every value but the outermost follows a ``:`` or is an array
+    element (at most one more than its array's commas), and every key precedes a ``:``.
   * :func:`parse_json` returns a value at most ``max_depth`` containers deep, or raises
     :class:`ProxyError` (400, ``field="body"``); it never lets ``RecursionError`` escape, so nothing
     later (validation, records, serialisation) meets an unbounded nesting. Every string it returns is
@@ -20,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from starlette.requests import Request
@@ -38,8 +42,9 @@ class ClientGone(Exception):
     """The client disconnected before its request body was complete."""
 
 
-async def read_body(request: Request, max_bytes: int, read_timeout_s: float) -> bytearray:
-    """The whole body, bounded in size and in the wait for each chunk (see the module invariants)."""
+async def read_body(request: Request, max_bytes: int, read_timeout_s: float,
+                    charge: Callable[[int], None] | None = None) -> bytearray:
+    """The whole body, bounded in size and in the wait for each chunk, each chunk charged (module invariants)."""
     raw = bytearray()
     while True:
         try:
@@ -50,12 +55,21 @@ async def read_body(request: Request, max_bytes: int, read_timeout_s: float) -> 
                              code="request_timeout") from None
         if message["type"] == "http.disconnect":
             raise ClientGone()
-        raw += message.get("body", b"")
-        if len(raw) > max_bytes:
+        chunk = message.get("body", b"")
+        if len(raw) + len(chunk) > max_bytes:
             raise ProxyError(f"the request body is larger than the limit of {max_bytes} bytes "
                              "(max_body_bytes)", status=413, field="body", code="request_too_large")
+        if charge is not None and chunk:
+            charge(len(chunk))
+        raw += chunk
         if not message.get("more_body", False):
             return raw  # not copied: a body near the limit is held once
+
+
+def json_values_bound(raw: bytes | bytearray) -> int:
+    """At least the number of JSON values plus object keys ``raw`` parses to (see the module invariants);
+    C-speed byte counts, no parsing and no copy."""
+    return 1 + raw.count(b"[") + raw.count(b",") + 2 * raw.count(b":")
 
 
 def json_depth_exceeds(value: Any, max_depth: int) -> bool:

@@ -15,6 +15,10 @@ Invariants:
   * An episode's listener passes ``{"clawgym_episode": token}`` as the ASGI ``state`` of every request
     it accepts; the shared listeners pass no episode. The app uses it to accept only that episode's
     token on that socket.
+  * Every connection is counted on the server's :class:`~clawgym_env.proxy.bounds.Budget` from
+    ``connection_made`` to ``connection_lost`` (an episode socket's against its episode too), and its
+    requests carry the verdict (``state["clawgym_connection"]``: the bound it is past, or None): the app
+    answers a request on a connection past a bound with the refusal and closes it.
   * Episode sockets live in the server's private 0700 folder, are root/owner-owned with mode 0666
     (the sandbox's unprivileged uid must be able to connect; the folder keeps host users out, and the
     sandbox gets the socket bind-mounted read-only, so it cannot chmod or remove it) and are unlinked
@@ -34,6 +38,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from clawgym_env.proxy.bounds import Budget
+
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 except ImportError:  # httptools is a dependency; without it the proxy runs h11, slower but the same
@@ -42,6 +48,7 @@ except ImportError:  # httptools is a dependency; without it the proxy runs h11,
 log = logging.getLogger("clawgym.proxy")
 
 EPISODE_STATE_KEY = "clawgym_episode"
+CONNECTION_VERDICT_KEY = "clawgym_connection"
 MAX_HEAD_BYTES = 64 << 10
 """The most bytes a request's line plus headers may take (both parsers; h11's own default is 16 KiB)."""
 
@@ -91,23 +98,34 @@ class _Guard:
     """NODELAY and the idle/stalled-connection watchdog (module doc), mixed into a uvicorn HTTP protocol."""
 
     idle_timeout_s: float = 30.0
+    budget: Budget | None = None
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
     cycle: Any
+    app_state: dict[str, Any]
 
     def connection_made(self, transport: asyncio.Transport) -> None:
-        """Set ``TCP_NODELAY`` on the new connection and start its idle watchdog."""
+        """Set ``TCP_NODELAY`` on the new connection, count it and start its idle watchdog."""
         super().connection_made(transport)  # type: ignore[misc]
         set_nodelay(transport.get_extra_info("socket"))
+        if self.budget is not None:
+            self._counted_token = self.app_state.get(EPISODE_STATE_KEY)
+            verdict = self.budget.connect(self._counted_token)
+            self.app_state = {**self.app_state, CONNECTION_VERDICT_KEY: verdict}  # this connection's own copy
+            if verdict is not None:
+                log.info("connection past the %s connection bound: its requests are refused", verdict)
         self._seen_cycle: Any = None
         self._idle_since = time.monotonic()
         self._watch_handle = self.loop.call_later(self.idle_timeout_s, self._watch)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Stop the connection's watchdog, then let uvicorn clean up."""
+        """Stop the connection's watchdog, uncount it, then let uvicorn clean up."""
         handle = getattr(self, "_watch_handle", None)
         if handle is not None:
             handle.cancel()
+        if self.budget is not None and hasattr(self, "_counted_token"):
+            self.budget.disconnect(self._counted_token)
+            del self._counted_token
         super().connection_lost(exc)  # type: ignore[misc]
 
     def _watch(self) -> None:
@@ -165,14 +183,15 @@ GuardedProtocol: type = GuardedH11Protocol if HttpToolsProtocol is None else Gua
 PARSERS = ("auto", "httptools", "h11")
 
 
-def guarded_protocol(idle_timeout_s: float, parser: str = "auto") -> type:
-    """A guarded protocol class with its own idle timeout; ``parser``: one of :data:`PARSERS`."""
+def guarded_protocol(idle_timeout_s: float, parser: str = "auto", budget: Budget | None = None) -> type:
+    """A guarded protocol class with its own idle timeout, counting its connections on ``budget``;
+    ``parser``: one of :data:`PARSERS`."""
     if parser not in PARSERS:
         raise ValueError(f"unknown HTTP parser {parser!r}; use one of {list(PARSERS)}")
     if parser == "httptools" and HttpToolsProtocol is None:
         raise ValueError("the httptools parser is not installed: pip install httptools")
     base = GuardedH11Protocol if parser == "h11" else GuardedProtocol
-    return type(base.__name__, (base,), {"idle_timeout_s": float(idle_timeout_s)})
+    return type(base.__name__, (base,), {"idle_timeout_s": float(idle_timeout_s), "budget": budget})
 
 
 class Server(uvicorn.Server):

@@ -97,7 +97,7 @@ def parse_request(body: Any) -> TurnRequest:
         max_tokens=min(limits) if limits else None, temperature=req.temperature, top_p=req.top_p,
         stop=_stop(req.stop), seed=req.seed, stream=stream, include_usage=include_usage and stream,
         want_logprobs=bool(req.logprobs), model=req.model,
-        enable_thinking=kwargs.enable_thinking if kwargs else None)
+        enable_thinking=kwargs.enable_thinking if kwargs else None, source=req)
 
 
 def _usage(res: TurnResult) -> dict[str, int]:

@@ -149,4 +149,4 @@ def parse_request(body: Any) -> TurnRequest:
     effort = req.reasoning.effort if req.reasoning else None
     return TurnRequest(messages=_messages(req), tools=_tools(req), max_tokens=req.max_output_tokens,
                        temperature=req.temperature, top_p=req.top_p, stream=bool(req.stream), model=req.model,
-                       enable_thinking=None if effort is None else EFFORT_THINKS[effort])
+                       enable_thinking=None if effort is None else EFFORT_THINKS[effort], source=req)

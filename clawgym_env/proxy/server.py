@@ -30,7 +30,10 @@ Invariants:
     redacted); error messages are redacted before they leave (:func:`clawgym_env.redact.redact`).
   * Bounds (see :mod:`~clawgym_env.proxy.limits`): body bytes and per-read time, JSON depth, prompt
     characters before tokenising; idle/stalled connections are closed; a client that disconnects
-    mid-body is logged as a disconnect.
+    mid-body is logged as a disconnect. Resource bounds per episode and overall (``bounds``, a
+    :class:`~clawgym_env.proxy.bounds.ProxyLimits`; see :mod:`~clawgym_env.proxy.bounds`): connections,
+    request bytes in flight (JSON values counted), unknown fields and bytes recorded. ``budget.usage()``
+    says where the server stands.
   * ``close_episode`` first waits up to ``drain_s`` for the episode's calls still in flight (a slow answer
     whose client gave up and retried is recorded, as a dead attempt, rather than lost); a call that ends
     later still is not recorded, and is logged with the episode's id.
@@ -62,6 +65,7 @@ from clawgym_env.capture.records import CallRecord
 from clawgym_env.errors import ProxyError
 from clawgym_env.policy.base import PolicyBackend, SamplingOverrides
 from clawgym_env.proxy.app import DIALECT_ROUTES, SIDE_ROUTES, ProxyApp  # noqa: F401 - re-exported
+from clawgym_env.proxy.bounds import Budget, ProxyLimits
 from clawgym_env.proxy.limits import DEFAULT_MAX_JSON_DEPTH
 from clawgym_env.proxy.listeners import (
     EPISODE_STATE_KEY,
@@ -89,7 +93,7 @@ class ProxyServer:
 
     def __init__(self, policy: PolicyBackend, host: str = "127.0.0.1", port: int = 0,
                  uds: str | Path | None = None, *, max_context_tokens: int = 32768, default_max_tokens: int = 4096,
-                 model_name: str | None = None, workers: int = 64, max_body_bytes: int = 64 << 20,
+                 model_name: str | None = None, workers: int = 64, bounds: ProxyLimits | None = None,
                  graceful_s: float = 5.0, log_level: str = "warning", max_prompt_chars: int = 0,
                  max_json_depth: int = DEFAULT_MAX_JSON_DEPTH, read_timeout_s: float = 60.0,
                  idle_timeout_s: float = 60.0, keepalive_s: float = 5.0, drain_s: float = 10.0,
@@ -116,7 +120,8 @@ class ProxyServer:
         self.warmed = False  # the policy's tokenizer is loaded and its template compiled (start())
         self.model_name = model_name or policy.name
         self.workers = workers
-        self.max_body_bytes = max_body_bytes
+        self.bounds = bounds if bounds is not None else ProxyLimits()  # resource bounds (proxy/bounds.py)
+        self.budget = Budget(self.bounds)
         self.graceful_s = graceful_s
         self.log_level = log_level
         self.registry = SessionRegistry()
@@ -185,9 +190,9 @@ class ProxyServer:
         self._sockets.append(unix_listener(path))  # 0666: host-side clients of other uids may connect
         self.socket_path = path
         self._executor = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="clawgym-proxy")
-        config = uvicorn.Config(self.app, lifespan="off", log_config=None, log_level=self.log_level,
+        config = uvicorn.Config(self.app, interface="asgi3", lifespan="off", log_config=None, log_level=self.log_level,
                                 access_log=False, proxy_headers=False, server_header=False, loop=self.loop,
-                                http=guarded_protocol(self.idle_timeout_s, self.http),
+                                http=guarded_protocol(self.idle_timeout_s, self.http, self.budget),
                                 h11_max_incomplete_event_size=MAX_HEAD_BYTES,
                                 timeout_keep_alive=max(1, int(min(self.idle_timeout_s, 5))),
                                 timeout_graceful_shutdown=int(max(1, self.graceful_s)))

@@ -12,6 +12,9 @@ Invariants:
   * With ``calls_path`` a session appends each record as one flushed JSON line (file 0600) and keeps
     in memory only what splicing needs (output ids, response turn, generation tail), so memory does
     not grow with prompts; ``close()`` reads the records back from that file.
+  * ``recorded_bytes`` counts the bytes of every record appended (the line written, or about what the
+    record takes as JSON when kept in memory: :func:`record_bytes`); ``memory_bytes`` the part kept in
+    memory. The app refuses calls past their bounds (:mod:`~clawgym_env.proxy.bounds`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from clawgym_env.errors import ProxyError
 from clawgym_env.policy.base import SamplingOverrides, SamplingParams
 from clawgym_env.proxy.incremental import PromptCache
 from clawgym_env.proxy.limits import CHARS_PER_TOKEN_BOUND
+from clawgym_env.proxy.recorded import approx_json_bytes
 from clawgym_env.proxy.streaming import Segmentation
 from clawgym_env.redact import forget_secret, redact, register_secret
 from clawgym_env.task import Task
@@ -116,6 +120,10 @@ class EpisodeSession:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
+        self.recorded_bytes = 0
+        """bytes of the records appended so far (see the module invariants)"""
+        self.memory_bytes = 0
+        """the part of ``recorded_bytes`` kept in memory (0 with ``calls_path``)"""
 
     def call_started(self) -> None:
         """Note a call that has begun (rendering or generating); pair with :meth:`call_ended`."""
@@ -165,16 +173,21 @@ class EpisodeSession:
 
     def append(self, record: CallRecord) -> bool:
         """Record a call (its ``call_index`` is set here). False if the episode is already closed."""
+        size = record_bytes(record) if self.calls_path is None else 0  # counted outside the lock
         with self._lock:
             if self.closed:
                 return False
             record.call_index = self._count
             if self._fh is None:
                 self.calls.append(record)
+                self.memory_bytes += size
             else:
-                self._fh.write(dump_record(record) + "\n")  # redacted; never raises on odd values
+                line = dump_record(record) + "\n"  # redacted; never raises on odd values
+                self._fh.write(line)
                 self._fh.flush()
                 self._stubs.append(_stub(record))
+                size = len(line)
+            self.recorded_bytes += size
             self._count += 1
             return True
 
@@ -212,6 +225,14 @@ class EpisodeSession:
             self._fh = None
             self._stubs = []
         return read_calls(path)
+
+
+def record_bytes(record: CallRecord) -> int:
+    """About the bytes ``record`` takes as JSON: its request, response and tokens (ids and logprobs at their
+    longest), plus 1 KiB for the rest."""
+    tokens = len(record.prompt_token_ids) + len(record.output_token_ids)
+    return (approx_json_bytes(record.request) + approx_json_bytes(record.response_message) + 8 * tokens
+            + 24 * len(record.output_logprobs) + 1024)
 
 
 _STUB_PROMPT_TAIL = 256  # the generation prompt's opener and tail are a handful of ids at the very end
@@ -262,6 +283,12 @@ class SessionRegistry:
         forget_secret(token)  # unknown forever now, and the registry of secrets stays small
         return session.close()
 
+    def memory_bytes(self) -> int:
+        """Bytes of records the open episodes keep in memory (:attr:`EpisodeSession.memory_bytes`)."""
+        with self._lock:
+            sessions = list(self._by_token.values())
+        return sum(s.memory_bytes for s in sessions)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._by_token)
@@ -284,6 +311,8 @@ class TurnRequest:
     model: str | None = None
     enable_thinking: bool | None = None
     tool_id_prefix: str = "call_"  # tool-call ids are this prefix + 24 hex digits (Anthropic: "toolu_")
+    source: Any = dataclasses.field(default=None, repr=False, compare=False)
+    """the request model the dialect validated (its record keeps the body along it: proxy/recorded.py)"""
 
 
 @dataclasses.dataclass
