@@ -5,7 +5,9 @@ number of lines containing ``ERROR`` written into ``errors.txt``. The scripted e
 task with one shell command, ``grep -c ERROR app.log > errors.txt``, then answers ``Done.``; its
 ``wrong`` variant counts case-insensitively (``grep -ci``), which the logs' lower-case distractor
 lines ("0 errors", "error budget") make wrong. The verifier scores two halves: ``errors.txt`` exists
-(0.5) and holds exactly the count (0.5); a pass is reward 1.0.
+(0.5) and holds exactly the count (0.5); a pass is reward 1.0. The count and ``app.log``'s sha256 are constants in
+each task's check (the generator knows them): the check never recounts from the workspace's ``app.log``, and a
+rewritten ``app.log`` scores 0 on both halves.
 
 What is learned, and what the splits test: the answer differs from task to task, so a policy that
 memorised answers fails; the train and held-out splits are disjoint sets of generated logs
@@ -23,6 +25,7 @@ committed suites with ``python -m tasks.families.count_errors``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -43,16 +46,41 @@ OTHERS = ("INFO request served in {n} ms", "INFO 0 errors in batch {n}", "DEBUG 
           "WARN retrying upload, attempt {n}", "INFO error budget at {n} percent", "INFO user {n} logged in",
           "WARN slow query took {n} ms", "DEBUG scheduled job {n} queued")
 
-CHECK_PY = '''import json
+CHECK_PY = '''"""count_errors: errors.txt holds the number of app.log lines containing ERROR.
+
+The expected count is a constant written by the generator; the workspace is read only for errors.txt and to
+compare app.log with its pristine sha256 (an app.log rewritten in place scores 0 on both halves).
+"""
+
+import hashlib
+import json
+import os
 import sys
 from pathlib import Path
 
 EXPECTED = {count}
+PRISTINE_SHA256 = {{"app.log": "{digest}"}}
+MAX_INPUT_BYTES = 1 << 20
+
+
+def _altered(path, digest):
+    """True when ``path`` exists but is not a regular file holding the pristine bytes (sha256 ``digest``)."""
+    if not os.path.lexists(path):
+        return False
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_INPUT_BYTES:
+            return True
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest() != digest
+    except OSError:
+        return True
 
 
 def grade(workspace):
     path = Path(workspace) / "errors.txt"
     scores = {{"file_exists": 0.0, "count_exact": 0.0}}
+    if any(_altered(Path(workspace) / rel, digest) for rel, digest in PRISTINE_SHA256.items()):
+        return scores
     if path.is_file():
         scores["file_exists"] = 1.0
         try:
@@ -109,7 +137,8 @@ def write_task(root: Path, split: str, i: int, seed: int) -> Path:
               "wrong": [{"tool": "bash", "command": WRONG_COMMAND}, {"final": "Done."}]}
     (d / "data_entry.json").write_text(json.dumps(entry, indent=2) + "\n")
     (d / "expert.json").write_text(json.dumps(expert, indent=2) + "\n")
-    (d / "reward" / "check.py").write_text(CHECK_PY.format(count=count))
+    digest = hashlib.sha256((d / "input_files" / "app.log").read_bytes()).hexdigest()
+    (d / "reward" / "check.py").write_text(CHECK_PY.format(count=count, digest=digest))
     (d / "reward" / "reward.sh").write_text(REWARD_SH.format(mount=MOUNT_DIR))
     return d
 

@@ -1,11 +1,23 @@
+"""backup_and_edit_config: app/settings.ini backed up unchanged to app/settings.ini.bak, then edited in place.
+
+The expected values are constants taken once from the pristine task. app/settings.ini is the one input the task
+asks the agent to rewrite (EDITED_INPUTS), so it is read as an output; the backup must hold the pristine bytes
+(sha256 below).
+"""
+
 import configparser
 import hashlib
 import json
 import sys
 from pathlib import Path
 
-ORIGINAL_SHA256 = "48f134b202cefb148ef1b7a0ece68ce7eef98cb54a06878a4c1d63502d3a38d4"
+PRISTINE_SHA256 = {
+    "app/settings.ini": "48f134b202cefb148ef1b7a0ece68ce7eef98cb54a06878a4c1d63502d3a38d4",
+}
+EDITED_INPUTS = ("app/settings.ini",)
 CHANGES = {("server", "port"): "9090", ("server", "debug"): "false", ("database", "pool"): "10"}
+ORIGINAL = {("server", "host"): "0.0.0.0", ("database", "name"): "app", ("database", "timeout"): "30"}
+COMMENTS = ("; app settings", "; connection pool")
 
 
 def _parse(text):
@@ -15,26 +27,26 @@ def _parse(text):
 
 
 def grade(transcript, workspace_path):
-    app = Path(workspace_path) / "app"
+    ws = Path(workspace_path)
+    settings = ws / EDITED_INPUTS[0]
     scores = {"backup_intact": 0.0, "values_changed": 0.0, "others_kept": 0.0, "comments_kept": 0.0}
     try:
-        backup = (app / "settings.ini.bak").read_bytes()
-        if hashlib.sha256(backup).hexdigest() == ORIGINAL_SHA256:
+        backup = (ws / "app" / "settings.ini.bak").read_bytes()
+        if hashlib.sha256(backup).hexdigest() == PRISTINE_SHA256[EDITED_INPUTS[0]]:
             scores["backup_intact"] = 1.0
     except Exception:
         pass
     try:
-        text = (app / "settings.ini").read_text(encoding="utf-8")
+        text = settings.read_text(encoding="utf-8")
         got = _parse(text)
     except Exception:
         return scores
     if all(got.get(k) == v for k, v in CHANGES.items()):
         scores["values_changed"] = 1.0
-    original = {("server", "host"): "0.0.0.0", ("database", "name"): "app", ("database", "timeout"): "30"}
-    if set(got) == set(original) | set(CHANGES) and all(got[k] == v for k, v in original.items()):
+    if set(got) == set(ORIGINAL) | set(CHANGES) and all(got[k] == v for k, v in ORIGINAL.items()):
         scores["others_kept"] = 1.0
     lines = [ln.strip() for ln in text.splitlines()]
-    if "; app settings" in lines and "; connection pool" in lines:
+    if all(c in lines for c in COMMENTS):
         scores["comments_kept"] = 1.0
     return scores
 

@@ -1,9 +1,44 @@
-import csv
+"""csv_max_answer: the final answer names the densest city of cities.csv and its density.
+
+The expected answer is a constant, computed once from the pristine task; the workspace is read only for the
+agent's outputs. An input file that is still in the workspace but no longer holds its pristine bytes
+(sha256 below) means the inputs were rewritten: every sub-score is then 0.
+"""
+
+import hashlib
 import json
 import os
 import re
 import sys
 from pathlib import Path
+
+PRISTINE_SHA256 = {
+    "cities.csv": "0462da31f7a59ea063a11f12e65a334c114b05fb05526007f2e9ec53a73ddbed",
+}
+CITIES = ("Metroville", "Harborton", "Lakeside", "Hillcrest", "Riverbend", "Westport")
+DENSEST = "Riverbend"
+DENSITY = 640000 / 38  # its population / area_km2
+
+
+MAX_INPUT_BYTES = 1 << 20  # every pristine input is far smaller: a file this large there was rewritten
+
+
+def _altered(path, digest):
+    """True when ``path`` exists but is not a regular file holding the pristine bytes (sha256 ``digest``)."""
+    if not os.path.lexists(path):
+        return False
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_INPUT_BYTES:
+            return True
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest() != digest
+    except OSError:
+        return True
+
+
+def inputs_tampered(ws):
+    """True when an input file the task gave is still in the workspace with other bytes than the pristine task's."""
+    return any(_altered(ws / rel, digest) for rel, digest in PRISTINE_SHA256.items())
 
 
 def read_final_message():
@@ -35,20 +70,16 @@ def numbers_in(text):
 def grade(transcript, workspace_path):
     ws = Path(workspace_path)
     scores = {"city_correct": 0.0, "density_correct": 0.0}
+    if inputs_tampered(ws):
+        return scores
     final = read_final_message()
     if not final or not final.strip():
         return scores
-    try:
-        with (ws / "cities.csv").open(newline="", encoding="utf-8") as f:
-            rows = [(r["city"], float(r["population"]) / float(r["area_km2"])) for r in csv.DictReader(f)]
-        city, density = max(rows, key=lambda r: r[1])
-    except Exception:
-        return scores
     low = final.lower()
-    mentioned = [c for c, _ in rows if re.search(r"\b" + re.escape(c.lower()) + r"\b", low)]
-    if mentioned == [city]:
+    mentioned = [c for c in CITIES if re.search(r"\b" + re.escape(c.lower()) + r"\b", low)]
+    if mentioned == [DENSEST]:
         scores["city_correct"] = 1.0
-    if any(abs(n - density) <= 1 for n in numbers_in(final)):
+    if any(abs(n - DENSITY) <= 1 for n in numbers_in(final)):
         scores["density_correct"] = 1.0
     return scores
 
