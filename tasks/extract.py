@@ -7,30 +7,46 @@ Kinds: xlsx/xlsm (every sheet, cell values; a formula whose cached value is abse
 formula), docx (paragraphs and tables in document order), pdf (pypdf, page by page), pptx (slide
 text, tables, notes), ipynb (cells and their text outputs), sqlite (schema, row counts and the first
 rows of each table), text (csv/txt/md/json/html/… and any other UTF-8 file without NUL bytes).
-Anything else (images, archives, unknown binaries) is listed by name and size.
+Anything else (images, archives, unknown binaries) is listed by name and size, never opened.
+
+Where it runs: the structured kinds (everything but text and binary) are parsed in a child process
+(:mod:`tasks.extract_worker`) under the bounds of :class:`~tasks.extract_bounds.ExtractLimits`:
+address space, wall clock per file and per folder, bytes inflated from a zip container, XML
+elements, extracted items (paragraphs, cells, pages, …) and text length. The grading process reads
+only the first 8 KiB of a file (to tell its kind) and text files as a stream; it never holds a
+parsed deliverable.
 
 Invariants:
   * extraction never raises for a bad file: a corrupt or unreadable file yields a bracketed note
     and sets ``error`` (a grader must not crash on what an agent wrote);
+  * a file over a bound yields the text extracted before the bound (or none) followed by a
+    ``[bounded: …]`` note, and sets ``bounded`` to the reason; like a corrupt file, it is the
+    agent's outcome: the grader judges what could be extracted (the note says the rest was not);
   * symbolic links are never followed (not the folder itself, not entries inside it): the folder
-    comes from an untrusted sandbox, and following a link would read host files;
+    comes from an untrusted sandbox, and following a link would read host files; only regular
+    files are opened;
   * each file's text is capped at ``max_chars`` characters; a cut text ends with a note saying how
-    much was left out, and ``truncated`` is set;
+    much was left out, and ``truncated`` is set; a file within every bound extracts exactly as it
+    did before extraction was bounded;
   * files larger than ``max_bytes`` are not parsed, only listed;
   * SQLite files are opened read-only and immutable (the deliverable is never modified).
 """
 
 from __future__ import annotations
 
-import json
+import codecs
 import os
-import sqlite3
+import stat
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tasks.extract_bounds import ExtractLimits
+from tasks.extract_formats import SQLITE_ROWS_PER_TABLE
+from tasks.extract_worker import ExtractWorker
+
 MAX_CHARS_PER_FILE = 20_000
 MAX_BYTES_PER_FILE = 64 * 2**20
-SQLITE_ROWS_PER_TABLE = 50
 MAX_FILES = 200
 
 TEXT_EXTS = {"txt", "md", "markdown", "csv", "tsv", "json", "jsonl", "html", "htm", "xml", "yaml", "yml",
@@ -38,11 +54,14 @@ TEXT_EXTS = {"txt", "md", "markdown", "csv", "tsv", "json", "jsonl", "html", "ht
              "rst", "geojson", "svg"}
 SQLITE_EXTS = {"db", "sqlite", "sqlite3"}
 IMAGE_EXTS = {"png", "jpg", "jpeg", "gif", "bmp", "webp", "tif", "tiff"}
+STRUCTURED_KINDS = {"xlsx", "docx", "pdf", "pptx", "ipynb", "sqlite"}
+"""Kinds parsed in the extraction worker; ``text`` is streamed here, ``binary`` only listed."""
 
 
 @dataclass
 class ExtractedFile:
-    """One file's text. ``kind`` is the extractor used (``xlsx``, ``text``, ``binary``, …)."""
+    """One file's text. ``kind`` is the extractor used (``xlsx``, ``text``, ``binary``, …);
+    ``bounded`` is the reason when a bound of :class:`ExtractLimits` stopped the extraction."""
 
     path: str
     kind: str
@@ -51,6 +70,7 @@ class ExtractedFile:
     chars: int
     truncated: bool = False
     error: str | None = None
+    bounded: str | None = None
 
     def to_dict(self) -> dict:
         """The file's fields without its text (what a report lists about it)."""
@@ -59,14 +79,12 @@ class ExtractedFile:
         return d
 
 
-def _cap(text: str, max_chars: int) -> tuple[str, bool]:
-    if len(text) <= max_chars:
-        return text, False
-    return (text[:max_chars] + f"\n[… truncated: showing the first {max_chars} of {len(text)} characters]",
-            True)
+def _cap_note(max_chars: int, chars: int) -> str:
+    return f"\n[… truncated: showing the first {max_chars} of {chars} characters]"
 
 
-def _kind(path: Path, head: bytes) -> str:
+def kind_of(path: Path, head: bytes) -> str:
+    """The extractor for a file, from its name and its first bytes."""
     ext = path.suffix.lower().lstrip(".")
     if ext in ("xlsx", "xlsm"):
         return "xlsx"
@@ -90,188 +108,93 @@ def _kind(path: Path, head: bytes) -> str:
     return "binary"
 
 
-def _fmt(v: object) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
-        return str(int(v))
-    return str(v)
+def _stream_text(fd: int, max_chars: int) -> tuple[str, int]:
+    """(first ``max_chars + 1`` characters, total characters) of a UTF-8 file, decoded with
+    replacement as one piece would be, read in 1 MiB chunks (memory stays bounded)."""
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    head: list[str] = []
+    kept = chars = 0
+    while True:
+        chunk = os.read(fd, 2**20)
+        piece = dec.decode(chunk, final=not chunk)
+        chars += len(piece)
+        if kept <= max_chars and piece:
+            head.append(piece[:max_chars + 1 - kept])
+            kept += len(head[-1])
+        if not chunk:
+            return "".join(head), chars
 
 
-def _xlsx(path: Path) -> str:
-    import openpyxl
-
-    values = openpyxl.load_workbook(path, data_only=True, read_only=True)
-    formulas = openpyxl.load_workbook(path, data_only=False, read_only=True)
-    parts = []
-    try:
-        for ws in values.worksheets:
-            fws = formulas[ws.title]
-            parts.append(f"--- Sheet: {ws.title} ---")
-            for vrow, frow in zip(ws.iter_rows(), fws.iter_rows()):
-                cells = []
-                for vc, fc in zip(vrow, frow):
-                    v = vc.value
-                    f = fc.value
-                    if v is None and isinstance(f, str) and f.startswith("="):
-                        cells.append(f)  # no cached value (written by a library, never recalculated)
-                    else:
-                        cells.append(_fmt(v))
-                while cells and cells[-1] == "":
-                    cells.pop()
-                if cells:
-                    parts.append("\t".join(cells))
-    finally:
-        values.close()
-        formulas.close()
-    return "\n".join(parts)
-
-
-def _docx(path: Path) -> str:
-    import docx
-    from docx.table import Table
-    from docx.text.paragraph import Paragraph
-
-    doc = docx.Document(str(path))
-    parts = []
-    for child in doc.element.body.iterchildren():
-        tag = child.tag.rsplit("}", 1)[-1]
-        if tag == "p":
-            text = Paragraph(child, doc).text
-            if text.strip():
-                parts.append(text)
-        elif tag == "tbl":
-            parts.append("[table]")
-            for row in Table(child, doc).rows:
-                parts.append(" | ".join(c.text.strip() for c in row.cells))
-            parts.append("[/table]")
-    return "\n".join(parts)
-
-
-def _pdf(path: Path) -> str:
-    from pypdf import PdfReader
-
-    reader = PdfReader(str(path))
-    return "\n".join(f"--- Page {i} ---\n{page.extract_text() or ''}" for i, page in enumerate(reader.pages, 1))
-
-
-def _pptx(path: Path) -> str:
-    from pptx import Presentation
-
-    prs = Presentation(str(path))
-    parts = []
-    for i, slide in enumerate(prs.slides, 1):
-        parts.append(f"--- Slide {i} ---")
-        for shape in slide.shapes:
-            if getattr(shape, "has_text_frame", False) and shape.text_frame.text.strip():
-                parts.append(shape.text_frame.text)
-            if getattr(shape, "has_table", False):
-                for row in shape.table.rows:
-                    parts.append(" | ".join(c.text.strip() for c in row.cells))
-        if slide.has_notes_slide and slide.notes_slide.notes_text_frame is not None:
-            notes = slide.notes_slide.notes_text_frame.text.strip()
-            if notes:
-                parts.append(f"[notes] {notes}")
-    return "\n".join(parts)
-
-
-def _joined(v: object) -> str:
-    return "".join(v) if isinstance(v, list) else str(v or "")
-
-
-def _ipynb(path: Path) -> str:
-    nb = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    parts = []
-    for i, cell in enumerate(nb.get("cells", []) if isinstance(nb, dict) else [], 1):
-        if not isinstance(cell, dict):
-            continue
-        parts.append(f"--- Cell {i} ({cell.get('cell_type', '?')}) ---")
-        parts.append(_joined(cell.get("source")))
-        for out in cell.get("outputs", []) or []:
-            if not isinstance(out, dict):
-                continue
-            otype = out.get("output_type")
-            if otype == "stream":
-                parts.append(f"[output] {_joined(out.get('text'))}")
-            elif otype in ("execute_result", "display_data"):
-                data = out.get("data") or {}
-                if "text/plain" in data:
-                    parts.append(f"[output] {_joined(data['text/plain'])}")
-                parts += [f"[output {mime}]" for mime in data if mime.startswith("image/")]
-            elif otype == "error":
-                parts.append(f"[error] {out.get('ename', '')}: {out.get('evalue', '')}")
-    return "\n".join(parts)
-
-
-def _sqlite(path: Path, rows_per_table: int) -> str:
-    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
-    try:
-        parts = ["--- Schema ---"]
-        parts += [r[0] for r in con.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY name")]
-        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
-        for t in tables:
-            q = '"' + t.replace('"', '""') + '"'
-            try:
-                total = con.execute(f"SELECT COUNT(*) FROM {q}").fetchone()[0]
-                cur = con.execute(f"SELECT * FROM {q} LIMIT {int(rows_per_table)}")
-                rows = cur.fetchall()
-            except sqlite3.Error as e:
-                parts.append(f"--- Table {t}: unreadable ({e}) ---")
-                continue
-            parts.append(f"--- Table {t}: {total} rows, first {len(rows)} shown ---")
-            parts.append("\t".join(d[0] for d in cur.description or []))
-            parts += ["\t".join(_fmt(v) for v in row) for row in rows]
-    finally:
-        con.close()
-    return "\n".join(parts)
+def _open_regular(p: Path) -> tuple[int, os.stat_result]:
+    """An fd of ``p`` opened without following a link or blocking on a fifo; OSError if it is not
+    a regular file."""
+    fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(f"{p.name} is not a regular file")
+    return fd, st
 
 
 def extract_file(path: str | Path, *, rel: str | None = None, max_chars: int = MAX_CHARS_PER_FILE,
-                 max_bytes: int = MAX_BYTES_PER_FILE, sqlite_rows: int = SQLITE_ROWS_PER_TABLE) -> ExtractedFile:
-    """The text of one regular file (see module doc); never raises for the file's content."""
+                 max_bytes: int = MAX_BYTES_PER_FILE, sqlite_rows: int = SQLITE_ROWS_PER_TABLE,
+                 limits: ExtractLimits | None = None, worker: ExtractWorker | None = None) -> ExtractedFile:
+    """The text of one regular file (see module doc); never raises for the file's content.
+
+    ``worker`` is the extraction worker to use (one is started and stopped for this file when
+    None); ``limits`` are its bounds when it is started here (the defaults otherwise).
+    """
     p = Path(path)
     name = rel or p.name
     if p.is_symlink():
         return ExtractedFile(name, "symlink", 0, f"[symbolic link to {os.readlink(p)!r}, not followed]",
                              0, error="symbolic link")
     try:
-        size = p.stat().st_size
-        with p.open("rb") as fh:
-            head = fh.read(8192)
+        fd, st = _open_regular(p)
     except OSError as e:
         return ExtractedFile(name, "unreadable", 0, f"[cannot read {name}: {e.strerror or e}]", 0, error=str(e))
-    kind = _kind(p, head)
-    if kind == "binary":
-        text = f"[binary file {name}, {size} bytes, not extracted]"
-        return ExtractedFile(name, kind, size, text, len(text))
-    if size > max_bytes:
-        text = f"[{kind} file {name}, {size} bytes: larger than {max_bytes} bytes, not extracted]"
-        return ExtractedFile(name, kind, size, text, len(text), error="too large")
     try:
-        if kind == "xlsx":
-            text = _xlsx(p)
-        elif kind == "docx":
-            text = _docx(p)
-        elif kind == "pdf":
-            text = _pdf(p)
-        elif kind == "pptx":
-            text = _pptx(p)
-        elif kind == "ipynb":
-            text = _ipynb(p)
-        elif kind == "sqlite":
-            text = _sqlite(p, sqlite_rows)
-        else:
-            text = p.read_bytes().decode("utf-8", errors="replace")
-    except ImportError as e:
-        msg = f"[{kind} file {name}, {size} bytes: extractor unavailable ({e.name or e}); " \
+        size = st.st_size
+        head = os.pread(fd, 8192, 0)
+        kind = kind_of(p, head)
+        if kind == "binary":
+            text = f"[binary file {name}, {size} bytes, not extracted]"
+            return ExtractedFile(name, kind, size, text, len(text))
+        if size > max_bytes:
+            text = f"[{kind} file {name}, {size} bytes: larger than {max_bytes} bytes, not extracted]"
+            return ExtractedFile(name, kind, size, text, len(text), error="too large")
+        if kind not in STRUCTURED_KINDS:
+            text, chars = _stream_text(fd, max_chars)
+            if chars > max_chars:
+                return ExtractedFile(name, kind, size, text[:max_chars] + _cap_note(max_chars, chars), chars, True)
+            return ExtractedFile(name, kind, size, text, chars)
+    except OSError as e:
+        return ExtractedFile(name, "unreadable", 0, f"[cannot read {name}: {e.strerror or e}]", 0, error=str(e))
+    finally:
+        os.close(fd)
+    if worker is None:
+        with ExtractWorker(limits) as own:
+            return _structured(own, p, name, kind, size, max_chars, sqlite_rows)
+    return _structured(worker, p, name, kind, size, max_chars, sqlite_rows)
+
+
+def _structured(worker: ExtractWorker, p: Path, name: str, kind: str, size: int, max_chars: int,
+                sqlite_rows: int) -> ExtractedFile:
+    ans = worker.extract(p, kind, max_chars=max_chars, sqlite_rows=sqlite_rows)
+    if ans.missing_module is not None:
+        msg = f"[{kind} file {name}, {size} bytes: extractor unavailable ({ans.missing_module}); " \
               f"install the package's dev extras]"
-        return ExtractedFile(name, kind, size, msg, len(msg), error=f"missing module {e.name}")
-    except Exception as e:  # noqa: BLE001 - corrupt file: a note, never a crash (see module doc)
-        msg = f"[{kind} file {name}, {size} bytes: could not extract text ({type(e).__name__}: {e})]"
-        return ExtractedFile(name, kind, size, msg, len(msg), error=f"{type(e).__name__}: {e}")
-    chars = len(text)
-    text, truncated = _cap(text, max_chars)
-    return ExtractedFile(name, kind, size, text, chars, truncated)
+        return ExtractedFile(name, kind, size, msg, len(msg), error=ans.error)
+    if ans.error is not None:
+        msg = f"[{kind} file {name}, {size} bytes: could not extract text ({ans.error})]"
+        return ExtractedFile(name, kind, size, msg, len(msg), error=ans.error)
+    truncated = ans.chars > max_chars
+    text = ans.head + (_cap_note(max_chars, ans.chars) if truncated else "")
+    if ans.bounded is not None:
+        what = "the text above is what was extracted before it" if ans.chars else "no text was extracted"
+        text += f"{chr(10) if ans.chars else ''}[bounded: {kind} file {name}, {size} bytes: extraction stopped " \
+                f"because {ans.bounded}; {what}]"
+    return ExtractedFile(name, kind, size, text, ans.chars, truncated, bounded=ans.bounded)
 
 
 def iter_files(root: str | Path) -> list[tuple[str, Path]]:
@@ -302,17 +225,36 @@ def iter_files(root: str | Path) -> list[tuple[str, Path]]:
     return sorted(out)
 
 
+def _out_of_time(rel: str, limits: ExtractLimits) -> ExtractedFile:
+    reason = f"the folder's extraction time budget of {limits.total_timeout_s:g} s ran out"
+    text = f"[bounded: {rel} not extracted: {reason}]"
+    return ExtractedFile(rel, "skipped", 0, text, len(text), bounded=reason)
+
+
 def extract_folder(root: str | Path, *, max_chars_per_file: int = MAX_CHARS_PER_FILE,
-                   max_files: int = MAX_FILES) -> tuple[str, list[ExtractedFile]]:
+                   max_files: int = MAX_FILES, limits: ExtractLimits | None = None) -> tuple[str, list[ExtractedFile]]:
     """(joined text, per-file records) for every file under ``root`` (see module doc).
 
     The joined text is empty exactly when there are no files. Beyond ``max_files`` files the rest
-    are named in a closing note, not extracted.
+    are named in a closing note, not extracted. One extraction worker serves the whole folder;
+    once ``limits.total_timeout_s`` has passed, the remaining files are recorded as bounded.
     """
+    limits = limits or ExtractLimits()
     entries = iter_files(root)
-    files = [extract_file(p, rel=rel, max_chars=max_chars_per_file) for rel, p in entries[:max_files]]
+    files: list[ExtractedFile] = []
+    t0 = time.monotonic()
+    with ExtractWorker(limits) as worker:
+        for rel, p in entries[:max_files]:
+            if time.monotonic() - t0 > limits.total_timeout_s:
+                files.append(_out_of_time(rel, limits))
+            else:
+                files.append(extract_file(p, rel=rel, max_chars=max_chars_per_file, worker=worker))
     parts = [f"=== FILE: {f.path} ===\n{f.text}\n" for f in files]
     if len(entries) > max_files:
         rest = ", ".join(rel for rel, _ in entries[max_files:max_files + 50])
         parts.append(f"[{len(entries) - max_files} more files not extracted: {rest}]")
     return "\n".join(parts), files
+
+
+__all__ = ["MAX_BYTES_PER_FILE", "MAX_CHARS_PER_FILE", "MAX_FILES", "ExtractLimits", "ExtractedFile",
+           "extract_file", "extract_folder", "iter_files", "kind_of"]

@@ -11,7 +11,11 @@ Why host-side and how the runner calls it: see :mod:`tasks.jobbench`. Invariants
     trusted); reward = ``round(earned / possible, 4)``;
   * a judge that cannot be reached (or answers 4xx) raises :class:`TaskError`; an answer that is
     not a JSON object fails that rubric, and the details say so (``judge_errors``);
-  * details never include the full deliverable text (they name the files, sizes and truncation).
+  * details never include the full deliverable text (they name the files, sizes and truncation);
+  * a deliverable over an extraction bound (:mod:`tasks.extract_bounds`: a zip or paragraph bomb,
+    a sheet too large, a parser out of memory or time) is the agent's outcome, never an invalid
+    reward: the judge sees what could be extracted and a ``[bounded: …]`` note in its place, and
+    ``details["extraction_note"]`` names each such file and its bound (the grade's reason).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any, NamedTuple
 
 from clawgym_env.errors import TaskError
 from clawgym_env.task import Task
-from tasks.extract import MAX_CHARS_PER_FILE, extract_folder
+from tasks.extract import MAX_CHARS_PER_FILE, ExtractLimits, extract_folder
 from tasks.jobbench_task import OUTPUT_DIR, rubrics_for
 from tasks.judge import JudgeAnswerError
 
@@ -117,24 +121,30 @@ def _judge_one(judge: Any, rubric: Any, deliverables: str) -> dict[str, Any]:
 
 
 def score_jobbench(task: Task, workspace_dir: str | Path, judge: Any, *,
-                   max_chars_per_file: int = MAX_CHARS_PER_FILE, max_workers: int = 4) -> JobBenchScore:
+                   max_chars_per_file: int = MAX_CHARS_PER_FILE, max_workers: int = 4,
+                   limits: ExtractLimits | None = None) -> JobBenchScore:
     """(reward in [0, 1], details) for ``task`` given the episode's final workspace (see module doc),
     as a :class:`JobBenchScore` (also ``.reward`` / ``.subscores`` for results rows).
 
     ``judge`` is a :class:`tasks.judge.JudgeClient` (anything with ``judge_json(system, user)`` and
-    ``model``). Details: ``reward, earned, possible, passed_count, rubric_count, judge_calls,
+    ``model``); ``limits`` bound the extraction of the deliverables (the defaults of
+    :class:`ExtractLimits` when None). Details: ``reward, earned, possible, passed_count, rubric_count, judge_calls,
     judge_errors, judge_model, output_dir, files, rubrics`` (per rubric: text, weight, passed,
     earned, per-criterion verdicts and reasons).
     """
     rubrics = rubrics_for(task)
     out_rel = str(task.metadata.get("output_dir") or OUTPUT_DIR)
     out_dir = Path(workspace_dir) / out_rel
-    text, files = extract_folder(out_dir, max_chars_per_file=max_chars_per_file)
+    text, files = extract_folder(out_dir, max_chars_per_file=max_chars_per_file, limits=limits)
     possible = sum(r.weight for r in rubrics)
     details: dict[str, Any] = {
         "task_id": task.id, "judge_model": getattr(judge, "model", None), "output_dir": out_rel,
         "files": [f.to_dict() for f in files], "possible": possible, "rubric_count": len(rubrics),
         "judge_calls": 0, "judge_errors": 0}
+    bounded = [f"{f.path}: {f.bounded}" for f in files if f.bounded]
+    if bounded:
+        details["extraction_note"] = ("deliverables over an extraction bound were judged on what could be "
+                                      "extracted: " + "; ".join(bounded))
     if not files:
         details.update(reward=0.0, earned=0, passed_count=0, note=f"no files in {out_rel}/; not judged",
                        rubrics=[{"rubric": r.rubric, "weight": r.weight, "passed": False, "earned": 0,
