@@ -107,4 +107,5 @@ class JobBenchGrader:
                                f"no valid reward: the judge gave no readable verdict for {errors} of "
                                f"{len(result.details.get('rubrics') or [])} rubrics (partial reward "
                                f"{result.reward})", self.name, wall_s=time.monotonic() - t0)
-        return GradeResult(float(result.reward), subs, "ok", None, self.name, wall_s=time.monotonic() - t0)
+        return GradeResult(float(result.reward), subs, "ok", result.details.get("extraction_note"), self.name,
+                           wall_s=time.monotonic() - t0)
