@@ -15,7 +15,6 @@ task, with the grader's reason where it changed something:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -92,8 +92,8 @@ out = {
     "crash": clawgym_guest.python_result("raise SystemExit(0)"),
     "printed_tag": clawgym_guest.python_result("print('CLAWGYM-RESULT x 1')"),
     "values": clawgym_guest.evaluate("import math", ["math.sqrt(16)", "1 / 0", "[1, 'a']"]),
-    "tests": clawgym_guest.unittest_result(["test_t"], files={"test_t.py":
-        "import unittest\\nclass T(unittest.TestCase):\\n    def test_a(self): pass\\n    def test_b(self): self.fail()\\n"}),
+    "tests": clawgym_guest.unittest_result(["test_t"], files={"test_t.py": "import unittest\\n"
+        "class T(unittest.TestCase):\\n    def test_a(self): pass\\n    def test_b(self): self.fail()\\n"}),
     "tests_exit": clawgym_guest.unittest_result(["test_u"], files={"test_u.py": "import os\\nos._exit(0)\\n"}),
     "escape": clawgym_guest.run(["true"], files={"../x": "no"}).error,
 }
