@@ -3,7 +3,9 @@
 It runs as its own process inside the sandbox and talks to the model only over HTTP with the
 official ``openai`` client: the same black-box contract as the real harnesses. Tools: ``bash``
 (run a shell command in the workspace), ``read_file`` and ``write_file``. The loop ends when the
-model answers without a tool call (that text is the final answer) or at the turn limit.
+model answers without a tool call (that text is the final answer) or at the turn limit. Command
+output and files that are not UTF-8 reach the model with replacement characters (U+FFFD), and a
+tool's error is text: no output and no argument can end the episode.
 
 Usage: ``python3 agent.py --base-url URL --model NAME --instruction-file F [--max-turns N] [--stream]``
 (API key from ``OPENAI_API_KEY``). The last stdout line is a JSON object
@@ -46,8 +48,21 @@ def _clip(text: str) -> str:
     return text if len(text) <= MAX_OUTPUT else text[:MAX_OUTPUT // 2] + "\n[...clipped...]\n" + text[-MAX_OUTPUT // 2:]
 
 
+def _text(data: bytes) -> str:
+    """Command output as text: bytes that are not UTF-8 become U+FFFD (a binary ``cat`` is fine);
+    line ends are translated as a text-mode pipe does (``\\r\\n`` and ``\\r`` become ``\\n``)."""
+    return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
 def run_tool(name: str, raw_args: str, cmd_timeout: float) -> str:
-    """Run one tool call and return its result text (errors become text, never exceptions)."""
+    """Run one tool call and return its result text (errors become text, never exceptions); the
+    text is always valid UTF-8 (a lone surrogate from the model's arguments is replaced), so it
+    can go back to the model."""
+    out = _run_tool(name, raw_args, cmd_timeout)
+    return out.encode("utf-8", errors="replace").decode("utf-8")
+
+
+def _run_tool(name: str, raw_args: str, cmd_timeout: float) -> str:
     try:
         args = json.loads(raw_args or "{}")
         if not isinstance(args, dict):
@@ -56,9 +71,8 @@ def run_tool(name: str, raw_args: str, cmd_timeout: float) -> str:
         return f"error: invalid arguments: {exc}"
     try:
         if name == "bash":
-            proc = subprocess.run(["bash", "-c", str(args["command"])], capture_output=True, text=True,
-                                  timeout=cmd_timeout)
-            return _clip(f"exit code: {proc.returncode}\n{proc.stdout}{proc.stderr}")
+            proc = subprocess.run(["bash", "-c", str(args["command"])], capture_output=True, timeout=cmd_timeout)
+            return _clip(f"exit code: {proc.returncode}\n{_text(proc.stdout)}{_text(proc.stderr)}")
         if name == "read_file":
             return _clip(Path(args["path"]).read_text(errors="replace"))
         if name == "write_file":
@@ -71,7 +85,7 @@ def run_tool(name: str, raw_args: str, cmd_timeout: float) -> str:
         return f"error: missing argument {exc}"
     except subprocess.TimeoutExpired:
         return f"error: command timed out after {cmd_timeout:.0f} s"
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: e.g. a path or content the file system cannot encode
         return f"error: {exc}"
 
 
