@@ -31,8 +31,15 @@ Invariants:
     the upstream is asked with ``stream=True`` through the SDK's async client (one per event loop) and
     its content/reasoning text is yielded as it arrives; the final :class:`Generation` is built from the
     same answer fields the non-streaming call reads (content, reasoning, tool calls, finish), so a
-    streamed call is captured exactly as a non-streamed one of the same reply; a stream cut midway is a
-    :class:`PolicyError` remembered like any other upstream failure;
+    streamed call is captured exactly as a non-streamed one of the same reply; a stream cut midway (an
+    error, a dropped connection, or an end without the stream's terminator) is a :class:`PolicyError`
+    remembered like any other upstream failure. The SDKs' own clients are read raw (OpenAI chat chunks,
+    Anthropic Messages events) through :func:`~clawgym_env.policy.passthrough_bounds.bounded_lines`;
+  * a streamed answer is bounded (:mod:`~clawgym_env.policy.passthrough_bounds`): its text is ended as
+    ``length`` past :data:`~clawgym_env.policy.passthrough_bounds.CHARS_PER_TOKEN` per token of the call's
+    ``max_tokens``; its raw bytes (SDK clients) past ``max_stream_bytes`` (default: derived from
+    ``max_tokens``) and an upstream silent, keep-alives aside, for ``silence_s`` (default: ``timeout``)
+    fail the call with a :class:`PolicyError` that says which;
   * sampling: OpenAI gets max_tokens (as ``max_completion_tokens``), temperature, top_p, stop (first
     4) and seed; Anthropic gets max_tokens and stop sequences only (its Messages API, as of the
     pinned SDK, takes no temperature or top_p).
@@ -51,11 +58,15 @@ from typing import Any
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams, TextDelta
 from clawgym_env.policy.chat_format import assistant_text
+from clawgym_env.policy.passthrough_bounds import SilenceWatch, StreamBounds, bounded_lines
 from clawgym_env.policy.passthrough_wire import (  # noqa: F401 - openai_messages, anthropic_request re-exported
     Answer,
     anthropic_answer,
+    anthropic_json_answer,
+    anthropic_raw_stream,
     anthropic_request,
     anthropic_stream,
+    clip_answer,
     openai_answer,
     openai_json_answer,
     openai_messages,
@@ -74,12 +85,15 @@ class PassthroughPolicy(PolicyBackend):
 
     ``base_url``/``api_key`` default to the SDK's own environment variables (``OPENAI_BASE_URL``,
     ``OPENAI_API_KEY``; ``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``); see
-    :func:`clawgym_env.policy.make_policy` for the ``CLAWGYM_UPSTREAM_*`` overrides.
+    :func:`clawgym_env.policy.make_policy` for the ``CLAWGYM_UPSTREAM_*`` overrides. A streamed answer's
+    bounds: ``silence_s`` (None: ``timeout``; <= 0: none) and ``max_stream_bytes`` (None: derived from each
+    call's ``max_tokens``), see the module invariants.
     """
 
     def __init__(self, provider: str, model: str, *, base_url: str | None = None, api_key: str | None = None,
                  tokenizer=None, timeout: float = 300.0, max_retries: int = 2, client: Any = None,
-                 async_client: Any = None) -> None:
+                 async_client: Any = None, silence_s: float | None = None,
+                 max_stream_bytes: int | None = None) -> None:
         if provider not in PROVIDERS:
             raise PolicyError(f"unknown passthrough provider {provider!r}; use one of {list(PROVIDERS)}")
         if not model:
@@ -92,6 +106,10 @@ class PassthroughPolicy(PolicyBackend):
         self._failures: dict[str, list[str]] = {}
         self._lock = threading.Lock()
         self._api_key, self._timeout, self._max_retries = api_key, timeout, max_retries
+        self.silence_s = float(timeout if silence_s is None else silence_s)
+        if max_stream_bytes is not None and max_stream_bytes <= 0:
+            raise PolicyError(f"max_stream_bytes={max_stream_bytes!r} must be positive (None: derived from max_tokens)")
+        self.max_stream_bytes = max_stream_bytes
         self._async_given = async_client
         # id(loop) -> (loop, async client, the task that holds it open and closes it when the loop shuts down)
         self._async: dict[int, tuple[asyncio.AbstractEventLoop, Any, asyncio.Task]] = {}
@@ -133,36 +151,55 @@ class PassthroughPolicy(PolicyBackend):
     def generate(self, prompt_ids: list[int], params: SamplingParams, ctx: GenerationContext) -> Generation:
         """Send the call's messages to the upstream API and re-encode its answer as Qwen3 ids
         (``token_exact=False``, logprobs carrying no information)."""
+        bounds = StreamBounds.for_call(params.max_tokens, self.silence_s, self.max_stream_bytes)
+        what = f"upstream {self.provider} model {self.model!r}"
         try:
             if self.provider != "openai":
-                answer = anthropic_answer(self._client.messages.create(**self._anthropic_kwargs(ctx, params)))
+                kwargs = self._anthropic_kwargs(ctx, params)
+                if _anthropic_raw_capable(self._client):
+                    with self._client.messages.with_streaming_response.create(**kwargs) as resp:
+                        answer = anthropic_json_answer(json.loads(_read_capped(resp, bounds.max_bytes, what)),
+                                                       self.model)
+                else:
+                    answer = anthropic_answer(self._client.messages.create(**kwargs))
             elif _raw_capable(self._client):
-                raw = self._client.post("/chat/completions", cast_to=bytes, body=self._openai_kwargs(ctx, params))
-                answer = openai_json_answer(json.loads(raw), self.model)
+                with self._client.chat.completions.with_streaming_response.create(
+                        **self._openai_kwargs(ctx, params)) as resp:
+                    answer = openai_json_answer(json.loads(_read_capped(resp, bounds.max_bytes, what)), self.model)
             else:
                 answer = openai_answer(self._client.chat.completions.create(**self._openai_kwargs(ctx, params)),
                                        self.model)
         except Exception as exc:  # noqa: BLE001 - SDK errors (HTTP, connection, timeout) are policy failures
             raise self._failed(ctx.episode_id, exc) from exc
-        return self._generation(answer)
+        return self._generation(clip_answer(answer, bounds.max_chars))
 
     async def generate_stream(self, prompt_ids: list[int], params: SamplingParams,
                               ctx: GenerationContext) -> AsyncIterator[TextDelta | Generation]:
         """:meth:`generate`, streamed from the upstream with its async SDK client: text deltas as they arrive,
         then the same :class:`Generation` the non-streaming call gives for the same answer."""
         answer = Answer()
+        bounds = StreamBounds.for_call(params.max_tokens, self.silence_s, self.max_stream_bytes)
+        what = f"upstream {self.provider} model {self.model!r}"
         try:
             client = self._async_client()
-            if self.provider != "openai":
-                deltas = anthropic_stream(client, self._anthropic_kwargs(ctx, params), answer)
-            elif _raw_capable(client):
-                deltas = _raw_stream(client, self._openai_kwargs(ctx, params), self.model, answer)
-            else:
-                deltas = openai_stream(client, self._openai_kwargs(ctx, params), self.model, answer)
-            async for delta in deltas:
-                yield delta
+            async with SilenceWatch(bounds.silence_s, what) as watch:
+                if self.provider != "openai":
+                    kwargs = self._anthropic_kwargs(ctx, params)
+                    if _anthropic_raw_capable(client):
+                        deltas = _raw_anthropic(client, kwargs, self.model, answer, bounds, watch, what)
+                    else:
+                        deltas = anthropic_stream(client, kwargs, answer, bounds, watch)
+                elif _raw_capable(client):
+                    deltas = _raw_stream(client, self._openai_kwargs(ctx, params), self.model, answer, bounds, watch,
+                                         what)
+                else:
+                    deltas = openai_stream(client, self._openai_kwargs(ctx, params), self.model, answer, bounds, watch)
+                async for delta in deltas:  # the consumer awaits nothing between items (the watch's task)
+                    yield delta
         except Exception as exc:  # noqa: BLE001 - SDK errors (HTTP, connection, timeout, a cut stream)
             raise self._failed(ctx.episode_id, exc) from exc
+        answer = clip_answer(answer, bounds.max_chars)  # the last chunk read may have passed the bound
+
         if len(answer.content) + len(answer.reasoning or "") + sum(len(str(a)) for _, a in answer.calls) < _INLINE:
             yield self._generation(answer)  # a short answer encodes faster than a hop to a worker thread
         else:
@@ -300,9 +337,39 @@ def _raw_capable(client: Any) -> bool:
     return isinstance(client, openai.OpenAI | openai.AsyncOpenAI)
 
 
-async def _raw_stream(client: Any, kwargs: dict[str, Any], model: str, answer: Answer) -> AsyncIterator[TextDelta]:
+def _anthropic_raw_capable(client: Any) -> bool:
+    """Whether ``client`` is the ``anthropic`` SDK's own (sync or async) client: then a reply is read raw,
+    bounded in bytes."""
+    import anthropic
+
+    return isinstance(client, anthropic.Anthropic | anthropic.AsyncAnthropic)
+
+
+def _read_capped(resp: Any, max_bytes: int, what: str) -> bytes:
+    """The body of a (sync, not yet read) SDK response, reading at most ``max_bytes``."""
+    body = bytearray()
+    for chunk in resp.iter_bytes():
+        body += chunk
+        if len(body) > max_bytes:
+            raise PolicyError(f"{what} sent more than {max_bytes} bytes in one answer (the bound derived from the "
+                              "call's max_tokens, or the passthrough's max_stream_bytes); the upstream is misbehaving")
+    return bytes(body)
+
+
+async def _raw_stream(client: Any, kwargs: dict[str, Any], model: str, answer: Answer, bounds: StreamBounds,
+                      watch: SilenceWatch, what: str) -> AsyncIterator[TextDelta]:
     """A streamed Chat Completions call through the async SDK client, its server-sent events read raw."""
     async with client.chat.completions.with_streaming_response.create(**kwargs, stream=True) as resp:
-        async for delta in openai_raw_stream(resp.iter_lines(), model, answer):
+        lines = bounded_lines(resp.iter_bytes(), bounds.max_bytes, what)
+        async for delta in openai_raw_stream(lines, model, answer, bounds, watch):
+            yield delta
+
+
+async def _raw_anthropic(client: Any, kwargs: dict[str, Any], model: str, answer: Answer, bounds: StreamBounds,
+                         watch: SilenceWatch, what: str) -> AsyncIterator[TextDelta]:
+    """A streamed Messages call through the async SDK client, its server-sent events read raw."""
+    async with client.messages.with_streaming_response.create(**kwargs, stream=True) as resp:
+        lines = bounded_lines(resp.iter_bytes(), bounds.max_bytes, what)
+        async for delta in anthropic_raw_stream(lines, model, answer, bounds, watch):
             yield delta
 
