@@ -3,11 +3,19 @@
 Procedure (invariants):
   1. the final workspace is copied without following any link on the host (links stay links,
      special files are skipped; :func:`clawgym_env.workspace_files.copy_tree`);
-  2. whatever the agent left at ``reward/`` is deleted, then the task's pristine ``reward/`` is
-     placed there — planting or editing files under ``reward/`` cannot change the score. The task
-     folder is untrusted too: a ``reward/`` that is itself a link, or holds a link whose target is
-     not a file inside the task folder, is refused (``reward_invalid``, "task error: ..."), so no
-     host file outside the task folder ever reaches the verifier or its logs;
+  2. the copy is made safe to grade (:func:`_prepare_for_grading`, each change a note on the result):
+     whatever the agent left at ``reward/`` is deleted; the task's ``protected_inputs`` are put back
+     as shipped (:func:`clawgym_env.task_inputs.restore_protected`); links that would lead the verifier
+     into ``reward/`` or through ``/proc``/``/dev`` are removed (:mod:`clawgym_env.reward_links`);
+  2b. the task's pristine ``reward/`` is copied aside, sealed (0444/0555, owned by this process, never
+     the sandbox's user) and mounted **read-only** at ``<mount>/reward``: no code the verifier runs can
+     change the verifier's program or data, whatever it executes. The task folder is untrusted too: a
+     ``reward/`` that is itself a link, or holds a link whose target is not a file inside the task
+     folder, is refused (``reward_invalid``, "task error: ..."), so no host file outside the task folder
+     ever reaches the verifier or its logs;
+  2c. a :class:`~clawgym_env.guest.GuestBroker` serves ``clawgym_guest`` (on the verifier's path): the
+     agent's code a check runs through it executes in a guest sandbox of its own, never in the verifier's,
+     and only data comes back; the result channel (``reward.sh``'s stdout) is out of the guest's reach;
   3. the payload ``{task_id, user_query, metadata, final_message, transcript}`` is written to a
      private file named by ``OPENCLAW_REWARD_PAYLOAD``;
   4. ``bash <mount>/reward/reward.sh`` runs as is, with no network, in an environment built from
@@ -23,8 +31,8 @@ Procedure (invariants):
      ``LD_PRELOAD`` are never inherited, user site-packages are off, ``/etc`` is read-only.
      Needs Python >= 3.11 in the sandbox (``PYTHONSAFEPATH``); an honest workspace scores exactly
      what the official pipeline gives unless it holds a module named like a standard one;
-  6. if the sandbox itself cannot start, :class:`SandboxError` propagates: an infrastructure
-     failure is never silently scored 0.
+  6. if the sandbox (or a guest sandbox) cannot start, :class:`SandboxError` propagates: an
+     infrastructure failure is never silently scored 0.
 Sub-scores come from running ``reward/check.py <mount>`` (when present) in the same sandbox.
 """
 
@@ -173,13 +181,12 @@ def copy_reward_dir(task: Any, dest: Path) -> None:
 
 
 def grader_limits(task: Any) -> SandboxLimits:
-    """The grader's sandbox limits: the defaults, with the task's disk quota where it is larger (the workspace the
-    agent filled up to its quota must fit the grader's copy); the agent's memory cap does not bind the grader."""
-    limits = SandboxLimits()
-    disk = getattr(getattr(task, "limits", None), "disk_mb", None)
-    if disk is not None and limits.disk_mb is not None and disk > limits.disk_mb:
-        limits = dataclasses.replace(limits, disk_mb=disk)
-    return limits
+    """The grader's sandbox limits: its own room (:func:`clawgym_env.grading_room.grader_room`): the agent's disk and
+    inode quotas plus a reserve and the task's ``reward/``, so a workspace the agent filled to its quotas fits; the
+    agent's memory and CPU caps do not bind the grader."""
+    from clawgym_env.grading_room import grader_room
+
+    return grader_room(task)
 
 
 def grade_workspace(task: Any, workspace: str | Path, *, final_message: str | None = None,
@@ -194,11 +201,12 @@ def grade_workspace(task: Any, workspace: str | Path, *, final_message: str | No
     backend = get_backend(sandbox)
     with private_tempdir("clawgym-grade-") as tmp:
         ws = tmp / "workspace"
-        try:
-            copy_tree(workspace, ws)
-        except (OSError, ClawGymError) as exc:  # the agent left a workspace that cannot be read: its 0
-            return RewardResult(0.0, {}, False, f"the final workspace could not be copied for grading: {exc}",
-                                wall_s=time.monotonic() - t0)
+        try:  # bounded by the grader's room and deadline (clawgym_env.grading_room), a million files included
+            from clawgym_env.grading_room import copy_failure, copy_limits
+
+            copy_tree(workspace, ws, **copy_limits(task, now=t0))
+        except (OSError, ClawGymError) as exc:  # unreadable, or past the agent's own quotas or the deadline: its 0
+            return RewardResult(0.0, {}, False, copy_failure(exc), wall_s=time.monotonic() - t0)
         notes = _prepare_for_grading(task, ws)
         reward_copy = tmp / "reward"
         try:
