@@ -237,7 +237,8 @@ def extract_folder(root: str | Path, *, max_chars_per_file: int = MAX_CHARS_PER_
 
     The joined text is empty exactly when there are no files. Beyond ``max_files`` files the rest
     are named in a closing note, not extracted. One extraction worker serves the whole folder;
-    once ``limits.total_timeout_s`` has passed, the remaining files are recorded as bounded.
+    once ``limits.total_timeout_s`` has passed (not counting time spent waiting for a worker slot
+    held by other gradings), the remaining files are recorded as bounded.
     """
     limits = limits or ExtractLimits()
     entries = iter_files(root)
@@ -245,7 +246,7 @@ def extract_folder(root: str | Path, *, max_chars_per_file: int = MAX_CHARS_PER_
     t0 = time.monotonic()
     with ExtractWorker(limits) as worker:
         for rel, p in entries[:max_files]:
-            if time.monotonic() - t0 > limits.total_timeout_s:
+            if time.monotonic() - t0 - worker.waited_s >= limits.total_timeout_s:
                 files.append(_out_of_time(rel, limits))
             else:
                 files.append(extract_file(p, rel=rel, max_chars=max_chars_per_file, worker=worker))

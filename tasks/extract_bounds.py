@@ -141,7 +141,7 @@ def check_zip(path: str | Path, limits: ExtractLimits, *, streamed: Callable[[st
     not well-formed XML stops being counted there: the real parser will report it. Not a zip at all
     is not this function's concern (the parser reports it).
     """
-    from lxml import etree
+    from lxml import etree  # type: ignore[import-untyped]  # lxml ships no type stubs
 
     try:
         z = zipfile.ZipFile(path)

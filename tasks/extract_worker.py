@@ -1,11 +1,12 @@
 """The extraction worker: a child interpreter that parses an agent's files under hard limits.
 
 The grading process never parses a structured deliverable itself: :class:`ExtractWorker` starts
-``python -m tasks.extract_worker`` and sends it one file at a time (a JSON line: path, kind); the
-child answers one JSON line (the first ``max_chars`` characters of the text, its full length, and
-the bound or error, if any). The child lowers its own limits before it reads anything:
-``RLIMIT_AS`` = ``memory_mb`` (so a bomb fails there with MemoryError, never in the grader),
-no core files, and a small ``RLIMIT_FSIZE`` (it writes no files).
+a child interpreter (:func:`serve`, with a minimal environment: no secret of the grader) and sends
+it one file at a time (a JSON line: path, kind); the child answers one JSON line (the first
+``max_chars`` characters of the text, its full length, and the bound or error, if any). The child
+lowers its own limits before it reads anything: ``RLIMIT_AS`` = ``memory_mb`` (so a bomb fails
+there with MemoryError, never in the grader), no core files, a small ``RLIMIT_FSIZE`` (it writes
+no files) and a CPU-time backstop; then it loads the parsers and proves some headroom.
 
 Invariants:
   * each file has a deadline: the child stops itself at ``file_timeout_s`` where the parser lets it
@@ -32,6 +33,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from clawgym_env.errors import TaskError
 from tasks.extract_bounds import Bounded, Collector, ExtractLimits
@@ -41,6 +43,8 @@ _slots = threading.BoundedSemaphore(MAX_CONCURRENT)
 _START_TIMEOUT_S = 120.0
 _MAX_ERROR_CHARS = 4000
 _ROOT = Path(__file__).resolve().parent.parent
+_ENTRY = "from tasks.extract_worker import serve; serve()"
+_ENV_KEPT = {"PATH", "LANG", "TMPDIR", "PYTHONHOME", "PYTHONPYCACHEPREFIX", "VIRTUAL_ENV"}
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,9 @@ class ExtractWorker:
         self.limits = limits or ExtractLimits()
         self._proc: subprocess.Popen[bytes] | None = None
         self._buf = b""
-        self._stderr: tempfile._TemporaryFileWrapper[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
         self._slot = False
+        self.waited_s = 0.0  # seconds spent waiting for a slot held by other gradings (not this folder's time)
 
     def __enter__(self) -> ExtractWorker:
         return self
@@ -76,24 +81,32 @@ class ExtractWorker:
 
     def _start(self) -> subprocess.Popen[bytes]:
         if not self._slot:
+            t0 = time.monotonic()
             _slots.acquire()
             self._slot = True
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
+            self.waited_s += time.monotonic() - t0
+        # the parsers need no secret of the grading process (judge keys, tokens): a minimal environment
+        env = {k: v for k, v in os.environ.items() if k in _ENV_KEPT or k.startswith("LC_")}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH", "")) if p)
         self._stderr = tempfile.TemporaryFile()
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "tasks.extract_worker", json.dumps(self.limits.to_json())],
+            proc = subprocess.Popen([sys.executable, "-c", _ENTRY, json.dumps(self.limits.to_json())],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
                                     cwd="/", start_new_session=True)
         except OSError as e:
-            raise TaskError(f"cannot start the extraction worker ({sys.executable} -m tasks.extract_worker): {e}") \
-                from e
+            raise TaskError(f"cannot start the extraction worker ({sys.executable} -c {_ENTRY!r}): {e}") from e
         self._proc, self._buf = proc, b""
         line = self._read_line(time.monotonic() + _START_TIMEOUT_S)
         if line != b'"ready"':
+            said = f"{line.decode('utf-8', 'replace')[:300]}; " if line else ""
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            death = self._death()
             self._stop()
-            raise TaskError(f"the extraction worker did not start ({self._death()}); check that "
-                            f"`{sys.executable} -m tasks.extract_worker` runs and that memory_mb="
+            raise TaskError(f"the extraction worker did not start ({said}{death}); check that "
+                            f"`{sys.executable} -c {_ENTRY!r}` runs and that memory_mb="
                             f"{self.limits.memory_mb} leaves room for the parsers")
         return proc
 
@@ -166,7 +179,13 @@ class ExtractWorker:
                                                    f"(the parser was stopped)")
             return WorkerAnswer("", 0, error=f"the parser process died ({death}) while reading it (its memory "
                                              f"limit is {self.limits.memory_mb} MiB)")
-        ans = json.loads(line)
+        try:
+            ans = json.loads(line)
+            if not isinstance(ans, dict) or not isinstance(ans.get("head"), str):
+                raise ValueError("not an answer object")
+        except ValueError as e:  # our own child broke the protocol: its file gets the reason, the next a new child
+            self._stop()
+            return WorkerAnswer("", 0, error=f"the extraction worker answered nonsense ({e}; {line[:200]!r})")
         if ans.get("restart"):
             self._stop()
         return WorkerAnswer(ans["head"], int(ans["chars"]), ans.get("bounded"), ans.get("error"),
@@ -182,17 +201,27 @@ class ExtractWorker:
 
 # -- the child ---------------------------------------------------------------------------------------
 
+def _lower(which: int, soft: int, hard: int | None = None) -> None:
+    """Lower one resource limit (never above a hard limit this process already has)."""
+    import resource
+
+    _, cur_hard = resource.getrlimit(which)
+    hard = soft if hard is None else hard
+    if cur_hard != resource.RLIM_INFINITY:
+        soft, hard = min(soft, cur_hard), min(hard, cur_hard)
+    resource.setrlimit(which, (soft, hard))
+
+
 def _lower_limits(limits: ExtractLimits) -> None:
     import resource
 
-    mem = limits.memory_mb * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _lower(resource.RLIMIT_AS, limits.memory_mb * 2**20)
+    _lower(resource.RLIMIT_CORE, 0)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE fails instead of killing
-    resource.setrlimit(resource.RLIMIT_FSIZE, (4 * 2**20, 4 * 2**20))
+    _lower(resource.RLIMIT_FSIZE, 4 * 2**20)
     # a backstop for a child left behind by a parent that died: it cannot spin longer than a folder may
     cpu = int(limits.total_timeout_s + limits.file_timeout_s + limits.kill_grace_s) + 10
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+    _lower(resource.RLIMIT_CPU, cpu, cpu + 5)
 
 
 def _near_memory_limit(limits: ExtractLimits) -> bool:
@@ -233,12 +262,35 @@ def _answer(req: dict, limits: ExtractLimits) -> dict:
     return ans
 
 
+def _warm_up() -> None:
+    """Import the parsers (a missing one is reported per file) and prove 64 MiB of headroom, under
+    the lowered limits: MemoryError here means ``memory_mb`` is too low for any file."""
+    import importlib
+
+    for name in ("lxml.etree", "docx", "openpyxl", "pypdf", "pptx", "tasks.extract_formats"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    probe = bytearray(64 * 2**20)
+    del probe
+
+
 def serve(argv: list[str] | None = None) -> None:
     """The child's loop: one JSON request line in, one JSON answer line out, until stdin closes."""
     args = sys.argv[1:] if argv is None else argv
     limits = ExtractLimits.from_json(json.loads(args[0]))
     _lower_limits(limits)
-    out = sys.stdout.buffer
+    out = os.fdopen(os.dup(1), "wb")  # the answers' channel; fd 1 itself now goes where stderr goes,
+    os.dup2(2, 1)  # so nothing a parser prints (Python or C) can break the protocol
+    sys.stdout = sys.stderr
+    try:
+        _warm_up()
+    except Exception as e:  # noqa: BLE001 - too low a limit for the parsers themselves: the host's setting
+        out.write(json.dumps(f"no room for the parsers under the memory limit ({type(e).__name__}: {e})"[:300])
+                  .encode() + b"\n")
+        out.flush()
+        return
     out.write(b'"ready"\n')
     out.flush()
     for line in sys.stdin.buffer:

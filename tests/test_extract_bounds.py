@@ -84,7 +84,8 @@ def _many_page_pdf(pages: int) -> bytes:
     objs = {1: b"<< /Type /Catalog /Pages 2 0 R >>",
             3: b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
             4: b"<< /Length %d >>\nstream\n" % len(content) + content + b"\nendstream"}
-    page = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 3 0 R >> >> >>"
+    page = (b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+            b"/Resources << /Font << /F1 3 0 R >> >> >>")
     for i in range(pages):
         objs[5 + i] = page
     objs[2] = b"<< /Type /Pages /Kids [" + b" ".join(b"%d 0 R" % (5 + i) for i in range(pages)) + \
@@ -277,3 +278,23 @@ def test_a_bounded_deliverable_is_graded_as_the_agents_outcome(judged_workspace)
     assert all("[bounded: docx file bomb.docx" in p for p in prompts)
     assert (grade.status, grade.reward) == ("ok", 1.0)
     assert grade.reason == details["extraction_note"]
+
+
+def test_the_worker_holds_no_secret_of_the_grading_process(tmp_path, monkeypatch):
+    from tasks.extract_worker import ExtractWorker
+
+    monkeypatch.setenv("CLAWGYM_JUDGE_API_KEY", "sk-grader-secret")
+    with ExtractWorker() as worker:
+        ans = worker.extract(_honest_docx(tmp_path / "m.docx", "hello"), "docx", max_chars=100, sqlite_rows=5)
+        assert worker._proc is not None
+        env = Path(f"/proc/{worker._proc.pid}/environ").read_bytes()
+    assert ans.head == "hello" and b"PYTHONPATH=" in env and b"sk-grader-secret" not in env
+
+
+def test_a_memory_limit_too_low_for_the_parsers_is_the_hosts_error(tmp_path):
+    """Every file would look like a bomb under it: the worker refuses to start instead, and the
+    grade is no valid reward (TaskError), never an agent's 0."""
+    from clawgym_env.errors import TaskError
+
+    with pytest.raises(TaskError, match="extraction worker did not start .*no room for the parsers"):
+        extract_file(_honest_docx(tmp_path / "m.docx", "hello"), limits=ExtractLimits(memory_mb=120))
