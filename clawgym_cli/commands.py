@@ -25,7 +25,9 @@ def _episode_json(result) -> dict[str, Any]:
             "wall_s": round(rec.wall_s, 3), "calls_path": rec.calls_path,
             "episode_dir": str(Path(rec.calls_path).parent) if rec.calls_path else None,
             "final_message": rec.final_message, "error": rec.error, "failure_boundary": rec.failure_boundary,
-            "reward_reason": rec.reward_reason,
+            "reward_reason": rec.reward_reason, "limits_hit": rec.limits_hit,
+            "inputs_modified": [{"path": c.path, "change": c.change} for c in rec.inputs_modified],
+            "grader_notes": rec.logs.get("grader_notes", "").splitlines(),
             "timings": {k: round(v, 3) for k, v in rec.timings.items()}}
 
 
@@ -94,6 +96,7 @@ def cmd_run(args) -> int:
 def cmd_grade(args) -> int:
     """``clawgym grade``: the task's grader over an existing workspace folder (no harness, no policy)."""
     from clawgym_env.reward import grade_workspace
+    from clawgym_env.task_inputs import modified_inputs
     from tasks import load_task_dir, resolve_task
 
     task = load_task_dir(args.task_dir) if args.task_dir else resolve_task(args.task)
@@ -104,8 +107,12 @@ def cmd_grade(args) -> int:
     if not ws.is_dir():
         raise ClawGymError(f"workspace {ws} is not a folder")
     rr = grade_workspace(task, ws, final_message=final, sandbox=args.sandbox)
-    out = {"task_id": task.id, "reward": rr.reward, "subscores": rr.subscores, "ok": rr.ok, "reason": rr.reason}
+    changed = [{"path": c.path, "change": c.change} for c in modified_inputs(task, ws)]
+    out = {"task_id": task.id, "reward": rr.reward, "subscores": rr.subscores, "ok": rr.ok, "reason": rr.reason,
+           "grader_notes": rr.notes, "inputs_modified": changed}
     text = f"reward {rr.reward:.3f} {rr.subscores}" + (f" ({rr.reason})" if rr.reason else "")
+    text += "".join(f"\n  grader: {note}" for note in rr.notes)
+    text += "".join(f"\n  input {c['change']}: {c['path']}" for c in changed)
     print(json.dumps(out) if args.json else text)
     return 0
 

@@ -28,7 +28,8 @@ def test_run_json_and_grade(tmp_path, builtin_suite):
     proc = clawgym("run", "--harness", "mini", "--task", task.full_id, "--policy", "scripted:expert", "--json",
                    "--out", "eps", "--keep-workspace", cwd=tmp_path)
     obj = json.loads(proc.stdout.strip())
-    for key in ("task_id", "harness", "reward", "subscores", "status", "num_calls", "wall_s", "calls_path"):
+    for key in ("task_id", "harness", "reward", "subscores", "status", "num_calls", "wall_s", "calls_path",
+                "limits_hit", "inputs_modified", "grader_notes"):
         assert key in obj
     assert obj["status"] == "ok" and obj["reward"] == 1.0 and obj["harness"] == "mini"
     assert obj["failure_boundary"] is None and obj["error"] is None
@@ -38,6 +39,13 @@ def test_run_json_and_grade(tmp_path, builtin_suite):
     graded = json.loads(clawgym("grade", "--task-dir", str(task.task_dir), "--workspace", str(ws),
                                 "--final-message", obj["final_message"] or "", "--json").stdout)
     assert graded["reward"] == 1.0 and graded["subscores"] == obj["subscores"]
+    assert graded["inputs_modified"] == obj["inputs_modified"] and graded["grader_notes"] == []
+    first = sorted(p for p in task.input_dir.rglob("*") if p.is_file())[0].relative_to(task.input_dir).as_posix()
+    (ws / first).unlink()
+    os.symlink("reward/check.py", ws / "answer.txt")
+    tampered = json.loads(clawgym("grade", "--task-dir", str(task.task_dir), "--workspace", str(ws), "--json").stdout)
+    assert {"path": first, "change": "deleted"} in tampered["inputs_modified"]
+    assert any("answer.txt" in note for note in tampered["grader_notes"]), tampered
 
 
 def test_bad_input_gets_a_clear_error():
