@@ -80,7 +80,7 @@ class HybridGrader:
         if grade.rubric_score is not None:
             subs["rubric_score"] = float(grade.rubric_score)
         return GradeResult(float(grade.score), subs, code.status, code.reason, self.name, code.stdout, code.stderr,
-                           wall)
+                           wall, notes=list(code.notes))
 
 
 class JobBenchGrader:
