@@ -1,6 +1,7 @@
 """Host memory of JobBench deliverable extraction on a paragraph-bomb ``.docx`` (and an honest one).
 
-Usage: ``python bench/bench_extract_bomb.py [--paragraphs 40000000] [--impl FILE] [--safety-gib 6]``
+Usage: ``python bench/bench_extract_bomb.py [--paragraphs 40000000] [--impl FILE] [--safety-gib 6]
+[--lift-content-bounds]``
 
 Builds ``outputs/bomb.docx`` (a valid docx whose body is ``--paragraphs`` one-letter paragraphs,
 deflated: a few MB on disk) next to an honest ``outputs/memo.docx``, then runs
@@ -11,6 +12,7 @@ each file's record (kind, error, bound). ``--impl`` names another copy of the ex
 measure instead of ``tasks.extract`` (e.g. the module as it was before bounded extraction). The
 host interpreter runs under an address-space limit of ``--safety-gib`` GiB so that an unbounded
 extractor stops with MemoryError instead of taking the machine; a run that hits it says so.
+``--lift-content-bounds`` measures the last line of defence alone: the worker's address-space limit.
 """
 
 from __future__ import annotations
@@ -43,8 +45,11 @@ import json, resource, sys, time
 safety = int(sys.argv[3]) * 2**30
 resource.setrlimit(resource.RLIMIT_AS, (safety, safety))
 impl, folder = sys.argv[1], sys.argv[2]
+kwargs = {}
 if impl == "tasks.extract":
-    from tasks.extract import extract_folder
+    from tasks.extract import ExtractLimits, extract_folder
+    if sys.argv[4] == "lift":  # only the worker's memory limit and deadlines are left
+        kwargs["limits"] = ExtractLimits(max_unzipped_bytes=2**62, max_elements=10**12, max_text_chars=10**12)
 else:
     import importlib.util
     spec = importlib.util.spec_from_file_location("extract_under_test", impl)
@@ -55,7 +60,7 @@ else:
 t0 = time.monotonic()
 out = {"impl": impl}
 try:
-    text, files = extract_folder(folder)
+    text, files = extract_folder(folder, **kwargs)
     out["files"] = [f.to_dict() for f in files]
     out["memo_text_ok"] = "Honest memo line" in text
 except MemoryError:
@@ -91,6 +96,9 @@ def main() -> None:
     ap.add_argument("--paragraphs", type=int, default=40_000_000)
     ap.add_argument("--impl", default="tasks.extract", help="tasks.extract or the path of a module copy")
     ap.add_argument("--safety-gib", type=int, default=6)
+    ap.add_argument("--lift-content-bounds", action="store_true",
+                    help="tasks.extract only: lift the zip, element and text bounds (the worker's memory "
+                         "limit and deadlines remain), to measure the backstop")
     args = ap.parse_args()
     import docx
 
@@ -106,14 +114,15 @@ def main() -> None:
         size = (out / "bomb.docx").stat().st_size
         print(f"bomb.docx: {args.paragraphs} paragraphs, {size / 2**20:.2f} MiB on disk (built in {build_s:.1f} s)",
               file=sys.stderr)
-        res = subprocess.run([sys.executable, "-c", HOST, args.impl, str(out), str(args.safety_gib)],
+        res = subprocess.run([sys.executable, "-c", HOST, args.impl, str(out), str(args.safety_gib),
+                              "lift" if args.lift_content_bounds else "keep"],
                              capture_output=True, text=True)
         line = res.stdout.strip().splitlines()[-1:] or [""]
         try:
             result = json.loads(line[0])
         except ValueError:
             result = {"impl": args.impl, "host_exit": res.returncode, "stderr_tail": res.stderr[-800:]}
-        result.update(paragraphs=args.paragraphs, docx_bytes=size)
+        result.update(paragraphs=args.paragraphs, docx_bytes=size, content_bounds=not args.lift_content_bounds)
         print(json.dumps(result))
 
 
