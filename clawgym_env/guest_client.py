@@ -18,7 +18,10 @@ code the agent wrote (its tests, its scripts, its functions) must do it through 
 * :func:`unittest_result` and :func:`evaluate` are the two common programs: run named ``unittest`` tests,
   or evaluate expressions after a setup, and return counts / JSON values for the check to judge.
 
-Outside a grading sandbox (no ``CLAWGYM_GUEST_SOCKET``) every call raises ``RuntimeError`` naming the fix.
+Outside a grading sandbox (no ``CLAWGYM_GUEST_SOCKET``) every call raises ``RuntimeError`` naming the fix,
+unless ``CLAWGYM_GUEST_LOCAL`` names a workspace folder: then, for writing and testing a check on one's own
+machine, each command runs as a plain subprocess over a temporary copy of that folder, **with no isolation at
+all** (never set it in a grader; the grading sandbox's environment is built from scratch without it).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SOCKET_ENV = "CLAWGYM_GUEST_SOCKET"
+LOCAL_ENV = "CLAWGYM_GUEST_LOCAL"
 MAX_MESSAGE = 64 << 20
 TAG = "CLAWGYM-RESULT"
 
@@ -85,8 +89,11 @@ def run(argv: Sequence[str], *, cwd: str | None = None, timeout: float = 60.0, s
     workspace-relative paths read back after the command. The guest's timeout is also bounded by what is
     left of the verifier's own."""
     path = os.environ.get(SOCKET_ENV)
+    if not path and os.environ.get(LOCAL_ENV):
+        return _run_local(os.environ[LOCAL_ENV], argv, cwd, timeout, stdin, files, collect, env)
     if not path:
-        raise RuntimeError(f"{SOCKET_ENV} is not set: clawgym_guest works only inside a ClawGym grading sandbox")
+        raise RuntimeError(f"{SOCKET_ENV} is not set: clawgym_guest works inside a ClawGym grading sandbox; to try a "
+                           f"check on your machine without isolation, set {LOCAL_ENV} to the workspace folder")
     raw_stdin = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
     req = {"argv": [str(a) for a in argv], "cwd": cwd, "timeout": float(timeout),
            "stdin": base64.b64encode(raw_stdin).decode(),
@@ -101,6 +108,40 @@ def run(argv: Sequence[str], *, cwd: str | None = None, timeout: float = 60.0, s
                        stderr=ans.get("stderr", ""), timed_out=bool(ans.get("timed_out")),
                        files={k: (None if v is None else base64.b64decode(v)) for k, v in ans.get("files", {}).items()},
                        error=ans.get("error"))
+
+
+def _run_local(workspace: str, argv: Sequence[str], cwd: str | None, timeout: float, stdin: bytes | str | None,
+               files: Mapping[str, bytes | str] | None, collect: Sequence[str],
+               env: Mapping[str, str] | None) -> GuestResult:
+    """:func:`run` without a sandbox (``CLAWGYM_GUEST_LOCAL``): a subprocess over a temporary copy."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="clawgym-guest-local-") as tmp:
+        ws = os.path.join(tmp, "workspace")
+        shutil.copytree(workspace, ws, symlinks=True, ignore=shutil.ignore_patterns("reward"))
+        for rel, content in (files or {}).items():
+            dest = os.path.join(ws, rel)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with open(dest, "wb") as f:
+                f.write(content.encode() if isinstance(content, str) else content)
+        raw = stdin.encode() if isinstance(stdin, str) else stdin
+        try:
+            proc = subprocess.run(list(argv), cwd=os.path.join(ws, cwd or ""), input=raw or b"", capture_output=True,
+                                  timeout=timeout, env={**os.environ, **(env or {})})
+        except subprocess.TimeoutExpired as exc:
+            return GuestResult(-9, (exc.stdout or b"").decode(errors="replace"),
+                               (exc.stderr or b"").decode(errors="replace"), timed_out=True)
+        got: dict[str, bytes | None] = {}
+        for rel in collect:
+            try:
+                with open(os.path.join(ws, rel), "rb") as f:
+                    got[rel] = f.read()
+            except OSError:
+                got[rel] = None
+        return GuestResult(proc.returncode, proc.stdout.decode(errors="replace"),
+                           proc.stderr.decode(errors="replace"), files=got)
 
 
 RUNNER = r'''

@@ -107,6 +107,19 @@ def average(data: Any) -> float:
     return 0.0
 
 
+def guest_local_env(workspace: Path) -> dict[str, str]:
+    """The environment that lets a check's ``import clawgym_guest`` work on the host, unsandboxed
+    (``CLAWGYM_GUEST_LOCAL``): the client module on ``PYTHONPATH``, the workspace named."""
+    from clawgym_env import guest_client
+
+    lib = Path(workspace).parent / "clawgym-guest-lib"
+    lib.mkdir(exist_ok=True)
+    shutil.copyfile(guest_client.__file__, lib / "clawgym_guest.py")
+    extra = os.environ.get("PYTHONPATH")
+    return {guest_client.LOCAL_ENV: str(workspace),
+            "PYTHONPATH": str(lib) + (os.pathsep + extra if extra else "")}
+
+
 def run_check(task: Task, workspace: Path, payload_path: Path | None, *,
               timeout_s: float = 60.0) -> HostGrade:
     """Run ``reward/check.py`` on ``workspace``; ``payload_path`` None leaves the env var unset."""
@@ -114,6 +127,7 @@ def run_check(task: Task, workspace: Path, payload_path: Path | None, *,
     env = {k: v for k, v in os.environ.items() if k != PAYLOAD_ENV}
     if payload_path is not None:
         env[PAYLOAD_ENV] = str(payload_path)
+    env.update(guest_local_env(workspace))
     proc = subprocess.run([sys.executable, str(task.reward_dir / "check.py"), str(workspace)],
                           capture_output=True, text=True, timeout=timeout_s, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
@@ -142,7 +156,7 @@ def run_reward_sh_on_host(task: Task, workspace: Path, payload_path: Path, *,
     dest = Path(workspace) / "reward"
     shutil.copytree(task.reward_dir, dest, dirs_exist_ok=True)
     script = (dest / "reward.sh").read_text(encoding="utf-8").replace(task.mount_dir, str(workspace))
-    env = {**os.environ, PAYLOAD_ENV: str(payload_path)}
+    env = {**os.environ, PAYLOAD_ENV: str(payload_path), **guest_local_env(workspace)}
     proc = subprocess.run(["bash", "-c", script], cwd=workspace, capture_output=True, text=True,
                           timeout=timeout_s, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
