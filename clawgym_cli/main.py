@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from clawgym_cli.audit_cmd import add_audit_parser
 from clawgym_cli.commands import (
     cmd_eval,
     cmd_export,
@@ -136,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("results", nargs="+", help="results JSONL files written by `clawgym eval`")
     lb.add_argument("--out", default="site", help="output folder (leaderboard.md, index.html, bar_<suite>.png)")
     lb.set_defaults(func=cmd_leaderboard)
+    add_audit_parser(sub)
 
     from trainers.train import add_arguments as train_arguments
 
