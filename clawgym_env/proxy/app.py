@@ -203,12 +203,15 @@ class ProxyApp:
         return request.scope[TICKET_KEY]
 
     def _check_records(self, session: EpisodeSession) -> None:
-        """Refuse a call of an episode whose records reached their bound, or when in-memory records did."""
+        """Refuse a call of an episode whose records reached their bound, or one that keeps its records in memory
+        when the in-memory records of all open episodes reached theirs."""
         limits = self.server.bounds
         if session.recorded_bytes >= limits.max_episode_recorded_bytes:
             raise ProxyError(f"this episode has recorded {session.recorded_bytes} bytes of calls, its limit is "
                              f"{limits.max_episode_recorded_bytes} bytes (max_episode_recorded_bytes); end the "
                              "episode", status=413, code="episode_record_limit")
+        if session.calls_path is not None:
+            return  # its records go to its calls file: they take no memory
         held = self.server.registry.memory_bytes()
         if held >= limits.max_recorded_bytes:
             raise ProxyError(f"the open episodes keep {held} bytes of records in memory, the proxy's limit is "

@@ -26,7 +26,8 @@ Invariants (with the default limits in brackets):
     request, the rest replaced by a marker (:mod:`~clawgym_env.proxy.recorded`). An episode records at
     most ``max_episode_recorded_bytes`` (512 MiB) of calls: past it a call is refused before it runs
     with 413 (``episode_record_limit``); the records open episodes keep in memory (those without a
-    calls file) total at most ``max_recorded_bytes`` (2 GiB): past it, 503 (``proxy_record_limit``).
+    calls file) total at most ``max_recorded_bytes`` (2 GiB): past it, a call of such an episode is
+    refused with 503 (``proxy_record_limit``), while episodes with a calls file are still served.
     Each bound may be passed by the one call that crossed it.
 """
 
