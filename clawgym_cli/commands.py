@@ -121,11 +121,16 @@ def cmd_serve_proxy(args) -> int:
     """``clawgym serve-proxy``: the serving proxy in the foreground with one open episode, until Ctrl-C;
     the policy it built is closed when it stops (a passthrough's client holds connections)."""
     from clawgym_env.policy import make_policy
+    from clawgym_env.proxy.bounds import ProxyLimits
     from clawgym_env.proxy.server import serve_proxy
 
+    try:
+        bounds = ProxyLimits.from_pairs(args.limit)
+    except ValueError as exc:
+        raise ClawGymError(f"--limit {exc}") from None
     policy = make_policy(args.policy)
     try:
-        serve_proxy(policy, host=args.host, port=args.port, calls_out=args.calls_out)
+        serve_proxy(policy, host=args.host, port=args.port, calls_out=args.calls_out, bounds=bounds)
     finally:
         policy.close()
     return 0

@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--host", default="127.0.0.1")
     sp.add_argument("--port", type=int, default=8000)
     sp.add_argument("--calls-out", help="write the captured calls (JSONL) here on exit")
+    sp.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
+                    help="a resource bound of the proxy (ProxyLimits field, e.g. max_body_bytes=33554432); repeatable")
     sp.set_defaults(func=cmd_serve_proxy)
 
     h = sub.add_parser("harness", help="harness adapters").add_subparsers(dest="harness_cmd", required=True)

@@ -23,7 +23,7 @@ Invariants (with the default limits in brackets):
     request of the largest size always fit its episode's share
     (``max_body_bytes + VALUE_BYTES * max_json_values <= max_episode_inflight_bytes``).
   * **Records.** Fields a dialect does not read are recorded up to ``max_unknown_bytes`` (64 KiB) per
-    request, the rest replaced by a marker (:mod:`~clawgym_env.proxy.recorded`). An episode records at
+    request; the rest are left out, and one marker field says how many (:mod:`~clawgym_env.proxy.recorded`). An episode records at
     most ``max_episode_recorded_bytes`` (512 MiB) of calls: past it a call is refused before it runs
     with 413 (``episode_record_limit``); the records open episodes keep in memory (those without a
     calls file) total at most ``max_recorded_bytes`` (2 GiB): past it, a call of such an episode is
@@ -98,6 +98,22 @@ class ProxyLimits:
     def field_names(cls) -> list[str]:
         """The names of the limits, in order (what ``clawgym serve-proxy --limit NAME=VALUE`` accepts)."""
         return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_pairs(cls, pairs: list[str]) -> ProxyLimits:
+        """The defaults with ``NAME=VALUE`` pairs applied (VALUE an integer, ``_`` allowed: ``16_777_216``);
+        a ValueError naming the known names or the bad value otherwise."""
+        values: dict[str, int] = {}
+        for pair in pairs:
+            name, sep, value = pair.partition("=")
+            name = name.strip().replace("-", "_")
+            if not sep or name not in cls.field_names():
+                raise ValueError(f"{pair!r}: use NAME=VALUE with NAME one of {', '.join(cls.field_names())}")
+            try:
+                values[name] = int(value.strip())
+            except ValueError:
+                raise ValueError(f"{pair!r}: the value must be an integer (bytes or a count)") from None
+        return cls(**values)
 
 
 class Budget:
