@@ -125,7 +125,7 @@ def cmd_serve_proxy(args) -> int:
     from clawgym_env.proxy.server import serve_proxy
 
     try:
-        bounds = ProxyLimits.from_pairs(args.limit)
+        bounds = ProxyLimits.from_pairs(getattr(args, "limit", None) or [])
     except ValueError as exc:
         raise ClawGymError(f"--limit {exc}") from None
     policy = make_policy(args.policy)
