@@ -163,24 +163,26 @@ def unknown(proxy: Proxy, calls: int, size: int) -> None:
         _report("unknown", proxy, before, statuses, f"{calls} x {mb / MB:.0f} MB field, {grown:.2f} MB recorded")
 
 
+def _victim(proxy: Proxy, stop: threading.Event, slowest: list[float]) -> None:
+    """Another episode's 1-token calls until ``stop``; the slowest one's seconds in ``slowest[0]``."""
+    with httpx.Client(timeout=300) as c:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            c.post(proxy.base(1) + "/chat/completions", json={
+                "model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "one token"}]})
+            slowest[0] = max(slowest[0], time.perf_counter() - t0)
+            time.sleep(0.02)
+
+
 def padding(proxy: Proxy, size: int) -> None:
     for mb in (size, 15 * MB):
-        count = mb // 3
-        raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "pad": [' + b"{}," * (count - 1) + b"{}]}"
+        pad = b"{}," * (mb // 3 - 1) + b"{}"
+        raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "pad": [' + pad + b"]}"
         proxy.reset_peak()
         before = proxy.mem()
         statuses: collections.Counter = collections.Counter()
         stop, slowest = threading.Event(), [0.0]
-
-        def victim() -> None:
-            with httpx.Client(timeout=300) as c:
-                while not stop.is_set():
-                    t0 = time.perf_counter()
-                    c.post(proxy.base(1) + "/chat/completions", json={
-                        "model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "one token"}]})
-                    slowest[0] = max(slowest[0], time.perf_counter() - t0)
-                    time.sleep(0.02)
-        thread = threading.Thread(target=victim)
+        thread = threading.Thread(target=_victim, args=(proxy, stop, slowest))
         thread.start()
         time.sleep(0.3)
         with httpx.Client(timeout=300) as c:

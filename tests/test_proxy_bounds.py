@@ -227,3 +227,20 @@ def test_limits_are_checked_and_name_the_fix():
         ProxyLimits(max_connections=8, max_episode_connections=16)
     small = ProxyLimits(max_body_bytes=1000, max_json_values=10, max_episode_inflight_bytes=1000 + 10 * VALUE_BYTES)
     assert small.max_episode_inflight_bytes == 1640 and "max_json_values" in ProxyLimits.field_names()
+
+
+def test_serve_proxy_takes_the_limits_from_the_command_line(monkeypatch):
+    from clawgym_cli.commands import cmd_serve_proxy
+    from clawgym_cli.main import build_parser
+    from clawgym_env.errors import ClawGymError
+    from clawgym_env.proxy import server as server_mod
+
+    seen: dict = {}
+    monkeypatch.setattr(server_mod, "serve_proxy", lambda policy, **kw: seen.update(kw))
+    args = build_parser().parse_args(["serve-proxy", "--policy", "scripted:noop", "--limit", "max_connections=2048",
+                                      "--limit", "max-episode-connections=64"])
+    assert cmd_serve_proxy(args) == 0
+    assert seen["bounds"] == ProxyLimits(max_connections=2048, max_episode_connections=64)
+    bad = build_parser().parse_args(["serve-proxy", "--limit", "max_conections=1"])
+    with pytest.raises(ClawGymError, match="max_connections"):
+        cmd_serve_proxy(bad)

@@ -118,7 +118,8 @@ def test_uploads_held_before_their_last_bytes_are_bounded_per_episode_and_overal
 def test_connections_past_the_bounds_are_answered_and_closed(policy, http):
     """An episode's own socket takes at most ``max_episode_connections`` connections, the proxy at most
     ``max_connections`` over every listener; a request on a connection past a bound is answered 429/503 in
-    the dialect's error shape and the connection is closed. The others keep being served."""
+    the dialect's error shape and the connection is closed, one past twice the bound is closed at once.
+    The others keep being served."""
     limits = ProxyLimits(max_connections=6, max_episode_connections=3)
     with ProxyServer(policy, bounds=limits, http=http) as srv:
         a = srv.open_episode()
@@ -131,6 +132,16 @@ def test_connections_past_the_bounds_are_answered_and_closed(policy, http):
         status, headers, body = answer(fourth)
         assert (status, error_code(body)) == (429, "episode_connection_limit")
         assert headers.get("connection") == "close" and fourth.recv(1) == b""  # closed after the answer
+        wait_for(lambda: usage()["episode_connections"].get(a.token) == 3, "the refused connection gone")
+        extra = [connect(srv, a.socket_path) for _ in range(3)]  # past A's bound: refused on their first request
+        wait_for(lambda: usage()["episode_connections"].get(a.token) == 6, "six connections on A's socket")
+        assert usage()["connections"] == 3  # past its episode's bound, a connection is not one of the proxy's
+        dropped = connect(srv, a.socket_path)  # past twice the bound: closed at once, unanswered
+        dropped.settimeout(10)
+        assert dropped.recv(1) == b""
+        for sock in extra:
+            sock.close()
+        wait_for(lambda: usage()["episode_connections"].get(a.token) == 3, "A's extra connections closed")
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(a.socket_path)), timeout=10) as c:
             idle.pop().close()  # one of A's connections ends: a new one is served
             wait_for(lambda: usage()["episode_connections"].get(a.token) == 2, "A's connection closed")
@@ -143,6 +154,12 @@ def test_connections_past_the_bounds_are_answered_and_closed(policy, http):
         seventh.sendall(f"GET /ep/{a.token}/v1/models HTTP/1.1\r\nHost: p\r\n\r\n".encode())
         status, headers, body = answer(seventh)
         assert (status, error_code(body)) == (503, "proxy_connection_limit") and headers.get("connection") == "close"
+        wait_for(lambda: usage()["connections"] == 6, "the refused connection gone")
+        idle += [connect(srv) for _ in range(6)]  # past the proxy's bound: answered 503 on their first request
+        wait_for(lambda: usage()["connections"] == 12, "twelve connections")
+        dropped = connect(srv)  # past twice the bound: closed at once
+        dropped.settimeout(10)
+        assert dropped.recv(1) == b""
         for sock in idle:
             sock.close()
         wait_for(lambda: usage()["connections"] == 0, "every connection closed")

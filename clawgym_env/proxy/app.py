@@ -28,8 +28,8 @@ from starlette.routing import Route
 from clawgym_env.errors import PolicyError, ProxyError
 from clawgym_env.policy.base import PolicyBackend
 from clawgym_env.proxy import openai_chat
-from clawgym_env.proxy.dialects import DIALECTS, DialectModule, DialectName, DialectSpec
 from clawgym_env.proxy.bounds import VALUE_BYTES, Budget, ProxyLimits, Ticket
+from clawgym_env.proxy.dialects import DIALECTS, DialectModule, DialectName, DialectSpec
 from clawgym_env.proxy.keepalive import Failure, first_wait, keepalive_body
 from clawgym_env.proxy.limits import ClientGone, check_prompt_size, json_values_bound, parse_json, read_body
 from clawgym_env.proxy.listeners import CONNECTION_VERDICT_KEY, EPISODE_STATE_KEY

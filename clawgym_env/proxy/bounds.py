@@ -10,7 +10,10 @@ Invariants (with the default limits in brackets):
     socket plus its requests in progress on the shared listeners. A request on a connection past a bound
     is answered from its head alone — 429 (``episode_connection_limit``) or 503
     (``proxy_connection_limit``) in its dialect's error shape, then the connection is closed — and costs
-    no body memory (the server reads no more than one 64 KiB buffer of a body nobody reads).
+    no body memory (the server reads no more than one 64 KiB buffer of a body nobody reads). Connections
+    past an episode's bound do not count toward the proxy's (one episode cannot fill it), and a connection
+    past twice a bound is closed at once, unanswered: an episode holds at most twice its bound of
+    connections open, the proxy twice its own.
   * **Bytes in flight.** A request is charged for its body bytes as they arrive, plus
     :data:`VALUE_BYTES` per JSON value once the body is complete (an upper bound on what parsing it
     costs: a Python object per value); the charge is released once its answer has been sent (streamed
@@ -23,7 +26,8 @@ Invariants (with the default limits in brackets):
     request of the largest size always fit its episode's share
     (``max_body_bytes + VALUE_BYTES * max_json_values <= max_episode_inflight_bytes``).
   * **Records.** Fields a dialect does not read are recorded up to ``max_unknown_bytes`` (64 KiB) per
-    request; the rest are left out, and one marker field says how many (:mod:`~clawgym_env.proxy.recorded`). An episode records at
+    request; the rest are left out, and one marker field says how many
+    (:mod:`~clawgym_env.proxy.recorded`). An episode records at
     most ``max_episode_recorded_bytes`` (512 MiB) of calls: past it a call is refused before it runs
     with 413 (``episode_record_limit``); the records open episodes keep in memory (those without a
     calls file) total at most ``max_recorded_bytes`` (2 GiB): past it, a call of such an episode is
@@ -44,8 +48,18 @@ VALUE_BYTES = 64
 """Bytes charged per JSON value of a body: about what a parsed value costs (an empty dict is 64 bytes, a
 list slot 8 more; a string's text is already charged as body bytes)."""
 
-Verdict = Literal["proxy", "episode"] | None
-"""Which connection bound a connection is past: ``"proxy"`` (overall), ``"episode"`` or None (within both)."""
+Verdict = Literal["proxy", "episode", "drop"] | None
+"""Which connection bound a connection is past: ``"proxy"`` (overall), ``"episode"``, ``"drop"`` (past twice a
+bound: closed at once, unanswered) or None (within both)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    """A connection's verdict and what it was counted in (``overall``, its ``episode``)."""
+
+    verdict: Verdict
+    overall: bool
+    episode: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,25 +143,34 @@ class Budget:
         self._peak_inflight = 0
         self._peak_connections = 0
 
-    def connect(self, token: str | None) -> Verdict:
-        """Count a new connection (``token``: the episode of the socket it came in on, if any); the bound it is
-        past, if one. Pair with :meth:`disconnect` whatever the verdict."""
+    def connect(self, token: str | None) -> Admission:
+        """Count a new connection (``token``: the episode of the socket it came in on, if any) as the module
+        invariants say; pair with :meth:`disconnect` (given the admission) unless it is to be dropped."""
+        limits = self.limits
         with self._lock:
+            if token is not None and self._episode_connections[token] >= limits.max_episode_connections:
+                if self._episode_connections[token] >= 2 * limits.max_episode_connections:
+                    return Admission("drop", False, False)
+                self._episode_connections[token] += 1  # answered and closed: not one of the proxy's
+                return Admission("episode", False, True)
+            if self._connections >= limits.max_connections:
+                if self._connections >= 2 * limits.max_connections:
+                    return Admission("drop", False, False)
+                verdict: Verdict = "proxy"
+            else:
+                verdict = None
             self._connections += 1
             self._peak_connections = max(self._peak_connections, self._connections)
             if token is not None:
                 self._episode_connections[token] += 1
-            if self._connections > self.limits.max_connections:
-                return "proxy"
-            if token is not None and self._episode_connections[token] > self.limits.max_episode_connections:
-                return "episode"
-            return None
+            return Admission(verdict, True, token is not None)
 
-    def disconnect(self, token: str | None) -> None:
+    def disconnect(self, token: str | None, admission: Admission) -> None:
         """Forget a connection counted by :meth:`connect`."""
         with self._lock:
-            self._connections -= 1
-            if token is not None:
+            if admission.overall:
+                self._connections -= 1
+            if admission.episode and token is not None:
                 self._drop(self._episode_connections, token, 1)
 
     def ticket(self) -> Ticket:

@@ -18,7 +18,8 @@ Invariants:
   * Every connection is counted on the server's :class:`~clawgym_env.proxy.bounds.Budget` from
     ``connection_made`` to ``connection_lost`` (an episode socket's against its episode too), and its
     requests carry the verdict (``state["clawgym_connection"]``: the bound it is past, or None): the app
-    answers a request on a connection past a bound with the refusal and closes it.
+    answers a request on a connection past a bound with the refusal and closes it; a connection past
+    twice a bound is closed as soon as it is made.
   * Episode sockets live in the server's private 0700 folder, are root/owner-owned with mode 0666
     (the sandbox's unprivileged uid must be able to connect; the folder keeps host users out, and the
     sandbox gets the socket bind-mounted read-only, so it cannot chmod or remove it) and are unlinked
@@ -109,11 +110,16 @@ class _Guard:
         super().connection_made(transport)  # type: ignore[misc]
         set_nodelay(transport.get_extra_info("socket"))
         if self.budget is not None:
-            self._counted_token = self.app_state.get(EPISODE_STATE_KEY)
-            verdict = self.budget.connect(self._counted_token)
-            self.app_state = {**self.app_state, CONNECTION_VERDICT_KEY: verdict}  # this connection's own copy
-            if verdict is not None:
-                log.info("connection past the %s connection bound: its requests are refused", verdict)
+            token = self.app_state.get(EPISODE_STATE_KEY)
+            admission = self.budget.connect(token)
+            if admission.verdict == "drop":
+                log.debug("closing a connection past twice the %s connection bound", "episode" if token else "proxy")
+                transport.close()
+            else:
+                self._counted = (token, admission)
+            self.app_state = {**self.app_state, CONNECTION_VERDICT_KEY: admission.verdict}  # this connection's own
+            if admission.verdict in ("proxy", "episode"):
+                log.info("connection past the %s connection bound: its requests are refused", admission.verdict)
         self._seen_cycle: Any = None
         self._idle_since = time.monotonic()
         self._watch_handle = self.loop.call_later(self.idle_timeout_s, self._watch)
@@ -123,9 +129,9 @@ class _Guard:
         handle = getattr(self, "_watch_handle", None)
         if handle is not None:
             handle.cancel()
-        if self.budget is not None and hasattr(self, "_counted_token"):
-            self.budget.disconnect(self._counted_token)
-            del self._counted_token
+        counted = self.__dict__.pop("_counted", None)
+        if self.budget is not None and counted is not None:
+            self.budget.disconnect(*counted)
         super().connection_lost(exc)  # type: ignore[misc]
 
     def _watch(self) -> None:
