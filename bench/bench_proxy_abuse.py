@@ -10,7 +10,8 @@ alone: before each attack, its peak during it (VmHWM, reset before each attack) 
   * ``unknown``: ``--unknown-calls`` calls carrying one unknown field of ``--unknown-mb`` MB (the issue: 10 x
     60 MB, 630 MB recorded), and as many of 15 MB (under the body cap); the calls files' growth is printed;
   * ``padding``: a body ``{"pad": [{},{},...]}`` of ``--pad-mb`` MB (the issue: 60 MB, 3.4 GB), then one of
-    15 MB, while another episode makes 1-token calls (their slowest latency is printed; the issue: 17.5 s);
+    15 MB and one of 262,000 values (0.75 MB, just under the default bound: parsed), while another episode
+    makes 1-token calls (their slowest latency is printed; the issue: 17.5 s);
   * ``passthrough``: a streamed upstream answer of ``--answer-mb`` MB (the issue: 60 MB, 5.75 GB).
 
 It runs against whatever ``clawgym_env`` is importable (a checkout before the bounds gives the "before"
@@ -175,7 +176,7 @@ def _victim(proxy: Proxy, stop: threading.Event, slowest: list[float]) -> None:
 
 
 def padding(proxy: Proxy, size: int) -> None:
-    for mb in (size, 15 * MB):
+    for mb in (size, 15 * MB, 3 * 262_000):  # the last: just under the default max_json_values, parsed
         pad = b"{}," * (mb // 3 - 1) + b"{}"
         raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "pad": [' + pad + b"]}"
         proxy.reset_peak()
@@ -192,7 +193,7 @@ def padding(proxy: Proxy, size: int) -> None:
         stop.set()
         thread.join()
         _report("padding", proxy, before, statuses,
-                f"{mb / MB:.0f} MB of {{}}, other episode's slowest 1-token call {slowest[0] * 1000:.0f} ms")
+                f"{mb / MB:.2f} MB of {{}}, other episode's slowest 1-token call {slowest[0] * 1000:.0f} ms")
 
 
 class _Endless(BaseHTTPRequestHandler):

@@ -245,10 +245,8 @@ class ProxyApp:
     async def _side(self, request: Request, fn: Callable) -> Response:
         self._session(request)
         raw = await self._read_raw(request)
-        body = await self._off_loop(len(raw), parse_json, raw, self.server.max_json_depth)
+        body = await self._off_loop(len(raw), self._parse_side, raw)
         del raw
-        limits = self.server.limits  # side calls tokenise the whole body: the same bound first
-        check_prompt_size(body, None, limits.max_prompt_chars, limits.max_context)
         executor = self.server._executor
         if executor is None:
             raise ProxyError("the proxy is shutting down", status=503, code="unavailable")
@@ -364,6 +362,13 @@ class ProxyApp:
         writer = live(treq, meta.body, model, LiveStart(len(prep.prompt_ids), policy.name, int(version)))
         body = turn.body(first, writer, keepalive_s, classify, note)
         return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
+
+    def _parse_side(self, raw: bytearray) -> Any:
+        """Parse a side call's body and bound it as a prompt (side calls tokenise the whole body)."""
+        body = parse_json(raw, self.server.max_json_depth)
+        limits = self.server.limits
+        check_prompt_size(body, None, limits.max_prompt_chars, limits.max_context)
+        return body
 
     def _parse_turn(self, raw: bytearray, dialect: DialectModule) -> tuple[TurnRequest, Any]:
         """Parse and validate a turn's body; (the request, the body as its record keeps it)."""
