@@ -51,7 +51,7 @@ from clawgym_env.failures import (
 from clawgym_env.grading import grade_episode
 from clawgym_env.harness import Endpoint, HarnessAdapter
 from clawgym_env.policy.base import SamplingOverrides
-from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend, host_toolchain_paths
+from clawgym_env.sandbox import PlaceFullError, SandboxLimits, SandboxSpec, get_backend, host_toolchain_paths
 from clawgym_env.task import Task
 from clawgym_env.task_inputs import modified_inputs
 from clawgym_env.workspace_files import Entry, copy_tree, remove_tree, snapshot
@@ -128,6 +128,9 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, *, sand
     ``reward.sh``, hybrid or rubric judge); ``judge``: the LLM judge for graders that need one
     (``None``: the grader's default, the environment-configured judge). A grade with no valid
     reward makes the status ``reward_invalid`` (never a 0 to train on).
+
+    Unless ``keep_workspace`` (or ``CLAWGYM_KEEP_WORKSPACES``), the workspace folder is removed when the
+    episode ends, however it ends (an exception included): a try leaves its record, never its files.
     """
     episode_id = episode_id or uuid.uuid4().hex[:16]
     sampling = SamplingOverrides.of(sampling)
@@ -138,6 +141,28 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, *, sand
             else Path(tempfile.mkdtemp(prefix=f"clawgym-ep-{episode_id}-")))
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(root, 0o700)  # run outputs are private to the user
+    try:
+        return _run(task, adapter, proxy, root, episode_id=episode_id, t_start=t_start, sandbox=sandbox,
+                    sampling=sampling, policy_version=policy_version, grade=grade, trace_network=trace_network,
+                    judge=judge)
+    finally:
+        if not keep_workspace and not os.environ.get("CLAWGYM_KEEP_WORKSPACES"):
+            _remove_workspace(root / "workspace", episode_id)
+
+
+def _remove_workspace(ws: Path, episode_id: str) -> None:
+    if not os.path.lexists(ws):
+        return
+    try:
+        remove_tree(ws)
+    except OSError as exc:
+        log.warning("episode %s: could not remove its workspace %s: %s", episode_id, ws, exc)
+
+
+def _run(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, root: Path, *, episode_id: str, t_start: float,
+         sandbox: str, sampling: SamplingOverrides, policy_version: int | None, grade: bool, trace_network: bool,
+         judge: Any) -> EpisodeResult:
+    """The body of :func:`run_episode` in the episode folder ``root`` (which removes the workspace after it)."""
     timings: dict[str, float] = {}
     # the record's fields as they are learnt; validated once, by EpisodeRecord, at the end
     record: dict[str, Any] = dict(
@@ -191,7 +216,7 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, *, sand
             peak = sb.peak_memory_bytes()
             if peak is not None:
                 record["resources"]["peak_memory_mb"] = peak / 2**20
-            record["limits_hit"] = [f"disk:{place}" for place in sb.full_disks()]
+            record["limits_hit"] = sb.limits_hit()  # disk/inodes per place, memory (OOM kill), cpu: its outcome
     except SandboxError as exc:
         log.warning("episode %s: sandbox failure: %s", episode_id, exc)
         _apply(record, sandbox_failure(exc))
@@ -246,8 +271,15 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, *, sand
                     record["status"] = "reward_error"
                 record["logs"]["reward_stdout"] = rr.stdout[-LOG_TAIL:]
                 record["logs"]["reward_stderr"] = rr.stderr[-LOG_TAIL:]
+            except PlaceFullError as exc:  # past the grader's room only if past the agent's own quotas: its 0
+                record.update(reward=0.0, subscores={}, reward_reason=f"the final workspace could not be graded: {exc}")
+                if record["status"] == "ok":
+                    record["status"] = "reward_error"
             except SandboxError as exc:
                 record.update(status="infra_error", reward=0.0, error=f"reward sandbox failure: {exc}")
+            except Exception as exc:  # noqa: BLE001 - a grading bug: this episode's record says so, nothing escapes
+                log.error("episode %s: grading raised", episode_id, exc_info=exc)
+                record.update(status="infra_error", reward=0.0, error=internal_failure(exc, "grading").error)
             timings["reward_s"] = time.monotonic() - t2
         if record["status"] != status_before_grading:  # the grader set it: its boundary
             record["failure_boundary"] = "grader"
@@ -266,11 +298,6 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, *, sand
         write_record(root / "episode.json", rec)
     except OSError as exc:
         log.error("episode %s: could not write %s: %s", episode_id, root / "episode.json", exc)
-    if not keep_workspace and not os.environ.get("CLAWGYM_KEEP_WORKSPACES"):
-        try:
-            remove_tree(ws)
-        except OSError as exc:
-            log.warning("episode %s: could not remove its workspace %s: %s", episode_id, ws, exc)
     return EpisodeResult(rec, list(calls))
 
 

@@ -51,9 +51,10 @@ class WorkspaceError(ClawGymError):
 
 
 class CopyLimitError(WorkspaceError):
-    """A copy crossed its byte limit; ``report`` is the partial
-    :class:`~clawgym_env.workspace_files.CopyReport`."""
+    """A copy crossed one of its limits; ``limit`` names which (``bytes``, ``entries`` or ``time``) and
+    ``report`` is the partial :class:`~clawgym_env.workspace_files.CopyReport`."""
 
-    def __init__(self, message: str, *, report: object = None) -> None:
+    def __init__(self, message: str, *, report: object = None, limit: str = "bytes") -> None:
         super().__init__(message)
         self.report = report
+        self.limit = limit

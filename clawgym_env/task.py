@@ -28,8 +28,8 @@ from pydantic import BaseModel, Field
 class TaskLimits(BaseModel):
     """Per-task limits; a task dir may override any of them in ``data_entry.json["limits"]``.
 
-    Invariant: every limit is strictly positive; ``disk_mb`` and ``memory_mb`` may also be ``None``
-    (the sandbox's default, never "unlimited").
+    Invariant: every limit is strictly positive; ``disk_mb``, ``memory_mb``, ``inodes`` and ``cpus`` may
+    also be ``None`` (the sandbox's default, never "unlimited").
     """
 
     timeout_s: float = Field(default=600.0, gt=0)
@@ -46,10 +46,20 @@ class TaskLimits(BaseModel):
     """Memory limit of the agent's sandbox, in MiB (on bubblewrap as root the tmpfs places count
     towards it). ``None``: the sandbox's default (:class:`~clawgym_env.sandbox.SandboxLimits`, 4 GiB)."""
 
-    def sandbox_overrides(self) -> dict[str, int]:
+    inodes: int | None = Field(default=None, gt=0)
+    """Entries (files, folders, links) each writable place of the agent's sandbox may hold; creating one
+    past it fails inside with ENOSPC and the episode records ``inodes:<place>`` in ``limits_hit``.
+    ``None``: the sandbox's default (:class:`~clawgym_env.sandbox.SandboxLimits`, 262,144)."""
+    cpus: float | None = Field(default=None, gt=0)
+    """CPU share of the agent's sandbox in cores; a sandbox held at it records ``cpu`` in ``limits_hit``.
+    ``None``: the sandbox's default (:class:`~clawgym_env.sandbox.SandboxLimits`, 2 cores)."""
+
+    def sandbox_overrides(self) -> dict[str, Any]:
         """The :class:`~clawgym_env.sandbox.SandboxLimits` fields this task sets (those not ``None``),
         to apply over the sandbox's defaults; every other sandbox limit keeps its default."""
-        return {k: v for k, v in (("disk_mb", self.disk_mb), ("memory_mb", self.memory_mb)) if v is not None}
+        pairs = (("disk_mb", self.disk_mb), ("memory_mb", self.memory_mb), ("inodes", self.inodes),
+                 ("cpus", self.cpus))
+        return {k: v for k, v in pairs if v is not None}
 
 
 class Task(BaseModel):

@@ -18,8 +18,12 @@ download, so both are hostile input. :func:`copy_tree` and :func:`snapshot` hold
     :func:`display_path` (backslash escapes, always valid UTF-8, so records always serialise);
   * trees are walked with an explicit stack (no recursion): 1,200 nested folders, or a path far
     longer than ``PATH_MAX``, are fine; at most :data:`HELD_LEVELS` directory fds per tree stay open;
-  * ``max_bytes`` bounds the data bytes written: crossing it stops the copy with
-    :class:`~clawgym_env.errors.CopyLimitError` (carrying the partial report).
+  * ``max_bytes`` bounds the data bytes written, ``max_entries`` the entries met (files, folders,
+    links and skipped ones, the root not counted) and ``deadline`` (a :func:`time.monotonic` instant)
+    the time spent, checked before every entry and every chunk: crossing one stops the copy with
+    :class:`~clawgym_env.errors.CopyLimitError` whose ``limit`` names it (``bytes``, ``entries`` or
+    ``time``), carrying the partial report; so a copy of a million files, or of files that never end,
+    ends by its deadline.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import logging
 import os
 import stat
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,8 +93,11 @@ def _resolve_inside(root_real: bytes, src_dir_real: bytes, target: bytes) -> tup
 
 
 class _Copier:
-    def __init__(self, report: CopyReport, max_bytes: int | None, dst: bytes) -> None:
+    def __init__(self, report: CopyReport, max_bytes: int | None, dst: bytes, *, max_entries: int | None = None,
+                 deadline: float | None = None) -> None:
         self.report, self.max_bytes, self.dst = report, max_bytes, dst
+        self.max_entries, self.deadline = max_entries, deadline
+        self.entries = 0
         self.linked: dict[tuple[int, int], bytes] = {}
         """(device, inode) of a multiply linked source file -> where its first copy went (absolute)."""
 
@@ -98,7 +106,24 @@ class _Copier:
         if self.max_bytes is not None and self.report.bytes_copied > self.max_bytes:
             raise CopyLimitError(
                 f"copy exceeds its limit of {self.max_bytes} bytes of file data; remove large files or raise "
-                "the limit", report=self.report)
+                "the limit", report=self.report, limit="bytes")
+        self.check_time()
+
+    def entry(self) -> None:
+        """Count one more entry met; raise past ``max_entries`` or the deadline."""
+        self.entries += 1
+        if self.max_entries is not None and self.entries > self.max_entries:
+            raise CopyLimitError(
+                f"copy exceeds its limit of {self.max_entries} entries (files, folders and links); remove files "
+                "or raise the limit", report=self.report, limit="entries")
+        self.check_time()
+
+    def check_time(self) -> None:
+        """Raise once the deadline has passed."""
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise CopyLimitError(
+                f"copy ran past its deadline after {self.entries} entries and {self.report.bytes_copied} bytes; "
+                "leave fewer or smaller files, or give the copy more time", report=self.report, limit="time")
 
     def file(self, src_fd: int, st: os.stat_result, dst_dir: int, name: bytes, rel: bytes, *,
              hard_links: bool = True) -> None:
@@ -141,13 +166,16 @@ class _Copier:
 
 
 def copy_tree(src: str | Path, dst: str | Path, *, links_inside: str | Path | None = None,
-              max_bytes: int | None = None) -> CopyReport:
+              max_bytes: int | None = None, max_entries: int | None = None,
+              deadline: float | None = None) -> CopyReport:
     """Copy the folder ``src`` into ``dst`` (created if missing, merged into if present); see the
     module doc for the invariants. ``src`` itself is trusted (it may be reached through a link);
-    nothing below it is. Raises :class:`CopyLimitError` past ``max_bytes`` and
-    :class:`WorkspaceError` when ``src`` is not a folder."""
+    nothing below it is. Raises :class:`CopyLimitError` past ``max_bytes``, ``max_entries`` or
+    ``deadline`` (a :func:`time.monotonic` instant) and :class:`WorkspaceError` when ``src`` is not a
+    folder."""
     report = CopyReport()
-    copier = _Copier(report, max_bytes, os.fsencode(os.path.abspath(dst)))
+    copier = _Copier(report, max_bytes, os.fsencode(os.path.abspath(dst)), max_entries=max_entries,
+                     deadline=deadline)
     try:
         src_root = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
@@ -173,6 +201,7 @@ def copy_tree(src: str | Path, dst: str | Path, *, links_inside: str | Path | No
                     d_tree.pop()
                 continue
             name = pending.pop()
+            copier.entry()
             sfd = s_tree.fd()
             rel = s_tree.rel(name)
             try:

@@ -13,8 +13,10 @@ A task dir is a folder::
 ``limits`` (:class:`~clawgym_env.task.TaskLimits`; every key optional, every value positive):
 ``timeout_s`` (the agent's wall clock, default 600), ``max_turns`` (30), ``reward_timeout_s`` (the
 verifier's wall clock, 120), ``disk_mb`` (the sandbox's disk quota in MiB for each writable place:
-workspace, HOME, ``/tmp``, ``/dev/shm``; null or absent: the sandbox default, 2048) and ``memory_mb``
-(the sandbox's memory limit in MiB; null or absent: 4096), e.g.
+workspace, HOME, ``/tmp``, ``/dev/shm``; null or absent: the sandbox default, 2048), ``memory_mb``
+(the sandbox's memory limit in MiB; null or absent: 4096), ``inodes`` (files, folders and links
+each writable place may hold; null or absent: 262144) and ``cpus`` (the sandbox's CPU share in
+cores; null or absent: 2), e.g.
 ``{"timeout_s": 300, "max_turns": 20, "disk_mb": 64}``.
 
 ``protected_inputs`` (:attr:`~clawgym_env.task.Task.protected_inputs`): input files the grader puts
@@ -60,7 +62,7 @@ PAYLOAD_ENV = "OPENCLAW_REWARD_PAYLOAD"
 
 _TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _LIMIT_KEYS = tuple(TaskLimits.model_fields)
-_OPTIONAL_LIMITS = ("disk_mb", "memory_mb")  # null: the sandbox's default
+_OPTIONAL_LIMITS = ("disk_mb", "memory_mb", "inodes", "cpus")  # null: the sandbox's default
 _EXPERT_TOOLS = {"write_file": ("path", "content"), "bash": ("command",), "read_file": ("path",)}
 
 
@@ -116,7 +118,7 @@ def _parse_limits(raw: Any, path: Path) -> TaskLimits:
     except ValidationError as e:
         probs = "; ".join(f"limits.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise TaskError(f"{path}: {probs}; every limit must be a positive number "
-                        f"(max_turns, disk_mb and memory_mb whole numbers)") from e
+                        f"(max_turns, disk_mb, memory_mb and inodes whole numbers)") from e
 
 
 def _parse_protected(raw: Any, path: Path, input_dir: Path | None) -> list[str]:

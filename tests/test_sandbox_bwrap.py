@@ -266,7 +266,7 @@ def test_limits_are_recorded_and_memory_is_enforced(ws, roots):
     alloc = PY + ["b = bytearray(512 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); print('survived')"]
     for use_cgroups in (True, False):
         with make(ws, roots, limits=limits, use_cgroups=use_cgroups) as sb:
-            every = {"memory_mb", "max_procs", "cpu_s", "open_files", "disk_mb", "cpus"}
+            every = {"memory_mb", "max_procs", "cpu_s", "open_files", "disk_mb", "cpus", "inodes"}
             assert set(sb.enforced_limits) | set(sb.unenforced_limits) == every
             assert not set(sb.enforced_limits) & set(sb.unenforced_limits)
             assert sb.exec(["sh", "-c", "ulimit -n"]).stdout.strip() == "256"

@@ -228,7 +228,7 @@ def test_limits_are_enforced_and_reported(engine, workspace):
     limits = SandboxLimits(memory_mb=128, max_procs=32, cpu_s=5, open_files=256)
     with _sandbox(workspace, limits=limits) as sb:
         assert set(sb.enforced_limits) | set(sb.unenforced_limits) == {"memory_mb", "max_procs", "cpu_s", "open_files",
-                                                                      "disk_mb"}
+                                                                      "disk_mb", "cpus", "inodes"}
         assert not set(sb.enforced_limits) & set(sb.unenforced_limits)
         assert sb.exec(["sh", "-c", "ulimit -n; ulimit -t"]).stdout.split() == ["256", "5"]
         if "memory_mb" in sb.enforced_limits:

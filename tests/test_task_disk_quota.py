@@ -150,9 +150,9 @@ def test_task_quota_is_enforced_and_recorded_in_bwrap(tmp_path, disk_mb):
         assert changes["big.bin"].size < BIG
 
 
-@pytest.mark.parametrize("disk_mb,expected", [(None, SandboxLimits().disk_mb), (8, SandboxLimits().disk_mb),
-                                              (5000, 5000)])
-def test_the_grader_gets_room_for_the_agents_workspace(tmp_path, disk_mb, expected):
+@pytest.mark.parametrize("disk_mb,agent", [(None, SandboxLimits().disk_mb), (8, 8), (5000, 5000)])
+def test_the_grader_gets_room_for_the_agents_workspace(tmp_path, disk_mb, agent):
+    from clawgym_env.grading_room import GRADER_RESERVE_MB
     from clawgym_env.reward import grade_workspace
 
     suite = echo_suite(tmp_path / "s", [EchoTaskSpec("a", "x", expect="x")])
@@ -162,4 +162,7 @@ def test_the_grader_gets_room_for_the_agents_workspace(tmp_path, disk_mb, expect
     with sandboxes.registered("spec-catcher", SpecCatcher), pytest.raises(SandboxError):
         grade_workspace(task, tmp_path / "s", sandbox="spec-catcher")
     (spec,) = SpecCatcher.seen
-    assert spec.limits == dataclasses.replace(SandboxLimits(), disk_mb=expected)  # memory: the default
+    # room for a workspace filled to the agent's quota and more, never less than the default
+    assert spec.limits.disk_mb >= max(SandboxLimits().disk_mb, agent + GRADER_RESERVE_MB)
+    assert spec.limits == dataclasses.replace(SandboxLimits(), disk_mb=spec.limits.disk_mb,
+                                              inodes=spec.limits.inodes)  # memory: the default

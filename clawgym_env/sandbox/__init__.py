@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxLimits, SandboxSpec, host_toolchain_paths
+from clawgym_env.sandbox.base import (
+    ExecResult,
+    PlaceFullError,
+    Sandbox,
+    SandboxLimits,
+    SandboxSpec,
+    host_toolchain_paths,
+)
 
 
 def get_backend(name: str) -> type[Sandbox]:
@@ -18,4 +25,5 @@ def get_backend(name: str) -> type[Sandbox]:
     return sandboxes.load(name)
 
 
-__all__ = ["ExecResult", "Sandbox", "SandboxLimits", "SandboxSpec", "host_toolchain_paths", "get_backend"]
+__all__ = ["ExecResult", "PlaceFullError", "Sandbox", "SandboxLimits", "SandboxSpec", "host_toolchain_paths",
+           "get_backend"]

@@ -3,16 +3,17 @@ toolchain mounts hide, and the release of everything a sandbox created.
 
 **Places.** HOME and the workspace of a Docker sandbox are each a :class:`Place`: a folder under a
 0700 staging folder that, when this process is root, is a fresh tmpfs mounted on the host with
-``size=disk_mb``, ``nosuid``, ``nodev`` and owned by the sandbox's host ids. Once the container has
-started (it holds its own bind of the tmpfs), :meth:`Place.detach` keeps one directory fd and
-lazily unmounts the host path, so the place is reachable from the host only through that fd: no
-other host user can reach it by any path, and if this process is killed the fd closes, the container
+``size=disk_mb``, ``nr_inodes=inodes``, ``nosuid``, ``nodev`` and owned by the sandbox's host ids.
+Once the container has started (it holds its own bind of the tmpfs), :meth:`Place.detach` keeps one
+directory fd and lazily unmounts the host path, so the place is reachable from the host only through
+that fd: no other host user can reach it by any path, and if this process is killed the fd closes, the container
 dies with it (see docker.py) and the kernel frees the tmpfs: nothing is left on the host.
 
 Invariants:
   * :func:`stage_in` copies a trusted tree into a place without following links and hands every
-    entry to the sandbox ids; :func:`stage_out` replaces the host workspace's content with the
-    place's (through :func:`clawgym_env.workspace_files.copy_tree`: links stay links, special files
+    entry to the sandbox ids; a tree that does not fit the place raises
+    :class:`~clawgym_env.sandbox.base.PlaceFullError`; :func:`stage_out` replaces the host workspace's
+    content with the place's (through :func:`clawgym_env.workspace_files.copy_tree`: links stay links, special files
     are skipped, sparse files stay sparse, setuid/setgid/sticky bits are stripped, never a whole file
     in memory), every entry owned by the workspace folder's owner and the folder itself 0700;
   * :func:`hidden_folders` names what a sandbox must never see: ``spec.hidden_paths`` (our own
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import io
 import os
 import posixpath
@@ -44,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import SandboxError
-from clawgym_env.sandbox.base import SandboxLimits
+from clawgym_env.sandbox.base import PlaceFullError, SandboxLimits
 from clawgym_env.tree_walk import chown_tree
 from clawgym_env.workspace_files import copy_tree, remove_tree
 
@@ -71,17 +73,18 @@ def can_mount() -> bool:
 class Place:
     """One private writable place of a sandbox (HOME or the workspace); see the module docstring."""
 
-    def __init__(self, path: Path, uid: int, gid: int, size_mb: int | None, mode: int = 0o700) -> None:
+    def __init__(self, path: Path, uid: int, gid: int, size_mb: int | None, mode: int = 0o700, *,
+                 inodes: int | None = None) -> None:
         self.path = path
         self.fd: int | None = None  # a directory fd once detached
         self.mounted = False
         path.mkdir(mode=0o700)
-        if size_mb is not None and can_mount():
-            opts = f"size={int(size_mb)}m,nr_inodes={max(4096, int(size_mb) * 128)},mode={mode:o},uid={uid},gid={gid}"
+        if (size_mb is not None or inodes is not None) and can_mount():
+            opts = _quota(size_mb, inodes) + f"mode={mode:o},uid={uid},gid={gid}"
             if _sys("mount")(b"tmpfs", os.fsencode(path), b"tmpfs", MS_NOSUID | MS_NODEV, opts.encode()) != 0:
                 err = ctypes.get_errno()
-                raise SandboxError(f"cannot mount a {size_mb} MiB tmpfs at {path}: {os.strerror(err)}; "
-                                   "run as root with CAP_SYS_ADMIN, or set SandboxLimits.disk_mb=None")
+                raise SandboxError(f"cannot mount a tmpfs ({opts}) at {path}: {os.strerror(err)}; run as root "
+                                   "with CAP_SYS_ADMIN, or set SandboxLimits.disk_mb and inodes to None")
             self.mounted = True
         else:
             os.chmod(path, mode)
@@ -120,16 +123,32 @@ def account(uid: int) -> str | None:
         return None
 
 
-def tmpfs_opts(size_mb: int | None, mode: str) -> str:
-    """Docker tmpfs options of a place of ``size_mb`` MiB (None: no size limit)."""
-    if size_mb is None:
-        return f"mode={mode},exec"
-    return f"size={int(size_mb)}m,nr_inodes={max(4096, int(size_mb) * 128)},mode={mode},exec"
+def _quota(size_mb: int | None, inodes: int | None) -> str:
+    """The ``size=``/``nr_inodes=`` options (each followed by a comma) of a tmpfs, for the limits set."""
+    return (f"size={int(size_mb)}m," if size_mb is not None else "") + \
+        (f"nr_inodes={int(inodes)}," if inodes is not None else "")
 
 
-def stage_in(src: str, place: Place, uid: int, gid: int) -> None:
-    """Copy the host workspace ``src`` into ``place`` and give it all to the sandbox ids."""
-    copy_tree(src, place.host)
+def tmpfs_opts(size_mb: int | None, mode: str, inodes: int | None = None, *, executable: bool = True) -> str:
+    """Docker tmpfs options of a place of ``size_mb`` MiB holding ``inodes`` entries (None: no such limit);
+    ``executable=False`` leaves Docker's default ``noexec``."""
+    return f"{_quota(size_mb, inodes)}mode={mode}" + (",exec" if executable else "")
+
+
+def stage_in(src: str, place: Place, uid: int, gid: int, lim: SandboxLimits | None = None) -> None:
+    """Copy the host workspace ``src`` into ``place`` and give it all to the sandbox ids; a workspace
+    that does not fit the place (``lim``'s ``disk_mb`` or ``inodes``) raises :class:`PlaceFullError`."""
+    try:
+        copy_tree(src, place.host)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        st = os.statvfs(place.host)
+        limit = "inodes" if st.f_files > 0 and st.f_favail == 0 else "disk"
+        quota = "its quota" if lim is None else (
+            f"{lim.inodes} entries: limits.inodes" if limit == "inodes" else f"{lim.disk_mb} MiB: limits.disk_mb")
+        raise PlaceFullError(f"the workspace {src} does not fit the sandbox's workspace ({quota}); hand in fewer "
+                             "files or raise that limit", place="workspace", limit=limit) from exc
     if os.geteuid() == 0:
         chown_tree(place.host, uid, gid)
 
@@ -287,6 +306,12 @@ def limit_options(lim: SandboxLimits, info: dict[str, Any], Ulimit, enforced: di
         else:
             unenforced["disk_mb"] = ("HOME and the workspace are plain host folders: a size-limited "
                                                  "tmpfs needs root (only /tmp and /dev/shm are limited)")
+    if lim.inodes is not None:
+        if can_mount():
+            enforced["inodes"] = f"tmpfs nr_inodes={lim.inodes} for each of the workspace, HOME, /tmp and /dev/shm"
+        else:
+            unenforced["inodes"] = ("HOME and the workspace are plain host folders: a tmpfs with nr_inodes "
+                                    "needs root (only /tmp and /dev/shm are limited)")
     if lim.cpu_s is not None:  # set by the launcher in each exec
         enforced["cpu_s"] = f"RLIMIT_CPU={int(lim.cpu_s)}s per process"
     if lim.open_files is not None:

@@ -42,10 +42,13 @@ def _check(rc: int, what: str) -> None:
         raise OSError(e, f"{what}: {os.strerror(e)}")
 
 
-def mount_tmpfs(mountpoint: Path, *, size_mb: int | None, uid: int, gid: int, mode: int) -> None:
-    """Mount a ``nosuid,nodev`` tmpfs of ``size_mb`` MiB (None: the kernel's default, half the RAM)
-    whose root folder belongs to (uid, gid) with ``mode`` on ``mountpoint`` (root only)."""
+def mount_tmpfs(mountpoint: Path, *, size_mb: int | None, uid: int, gid: int, mode: int,
+                inodes: int | None = None) -> None:
+    """Mount a ``nosuid,nodev`` tmpfs of ``size_mb`` MiB (None: the kernel's default, half the RAM) holding
+    at most ``inodes`` entries (None: the kernel's default) whose root folder belongs to (uid, gid) with
+    ``mode`` on ``mountpoint`` (root only)."""
     opts = f"mode={mode:o},uid={uid},gid={gid}" + (f",size={int(size_mb)}m" if size_mb is not None else "")
+    opts += f",nr_inodes={int(inodes)}" if inodes is not None else ""
     _check(_libc.mount(b"tmpfs", os.fsencode(mountpoint), b"tmpfs", ctypes.c_ulong(MS_NOSUID | MS_NODEV),
                        opts.encode()), f"mount -t tmpfs -o {opts} on {mountpoint}")
 
@@ -145,6 +148,15 @@ def is_full(path: Path) -> bool:
         return os.statvfs(path).f_bavail == 0
     except OSError:
         return False
+
+
+def out_of_inodes(path: Path) -> bool:
+    """Whether the file system holding ``path`` has a finite inode count and no inode left."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_files > 0 and st.f_favail == 0
 
 
 def clear_dir(path: Path) -> None:

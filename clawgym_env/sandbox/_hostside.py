@@ -53,6 +53,29 @@ class Cgroup:
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.dirs]
 
+    def oom_kills(self) -> int:
+        """How many processes the kernel killed for reaching the memory limit (v2 ``memory.events``,
+        v1 ``memory.oom_control``: ``oom_kill``); 0 without a memory cgroup."""
+        return self._counter(("memory.events", "memory.oom_control"), "oom_kill")
+
+    def throttled_periods(self) -> int:
+        """Scheduler periods in which the sandbox was held at its CPU quota (``cpu.stat``
+        ``nr_throttled``); 0 without a cpu cgroup."""
+        return self._counter(("cpu.stat",), "nr_throttled")
+
+    def _counter(self, files: tuple[str, ...], key: str) -> int:
+        for d in self.dirs:
+            for name in files:
+                try:
+                    text = (d / name).read_text()
+                except OSError:
+                    continue
+                for line in text.splitlines():
+                    k, _, v = line.partition(" ")
+                    if k == key and v.strip().isdigit():
+                        return int(v)
+        return 0
+
     def peak_memory_bytes(self) -> int | None:
         """The highest memory use of everything in the cgroup so far (None without a memory cgroup)."""
         for d in self.dirs:

@@ -34,20 +34,60 @@ from clawgym_env.errors import SandboxError
 DEFAULT_PROXY_PORT = 18080
 
 
+DEFAULT_INODES = 262_144
+"""Default of :attr:`SandboxLimits.inodes`: 256 Ki files, folders and links per writable place."""
+DEFAULT_CPUS = 2.0
+"""Default of :attr:`SandboxLimits.cpus`: two cores' worth of CPU time for the whole sandbox."""
+CPU_HIT_PERIODS = 10
+"""A sandbox throttled at its CPU quota in at least this many scheduler periods (100 ms each: a second
+or more spent at the cap) reports ``cpu`` in :meth:`Sandbox.limits_hit`; a harness's brief bursts do not."""
+
+
 @dataclasses.dataclass
 class SandboxLimits:
     """Resource limits. ``None`` means no limit. Backends enforce what they can and report it."""
 
     memory_mb: int | None = 4096
+    """Memory of the whole sandbox (cgroup); a process past it is killed (OOM): ``memory`` in
+    :meth:`Sandbox.limits_hit`."""
     max_procs: int | None = 512
     cpu_s: int | None = None
     open_files: int | None = 4096
     disk_mb: int | None = 2048
     """Disk the sandbox may fill in each writable place (workspace, HOME, ``/tmp``, ``/dev/shm``); a
     write past it fails inside with ENOSPC (or EFBIG)."""
-    cpus: float | None = None
+    cpus: float | None = DEFAULT_CPUS
     """CPU share of the whole sandbox in cores (e.g. ``1.0``: one core's worth of time), where the
-    backend can enforce it (cgroup ``cpu.max``); ``None``: no limit."""
+    backend can enforce it (cgroup ``cpu.max``/CFS quota), so busy loops take no more of the host;
+    ``None``: no limit."""
+    inodes: int | None = DEFAULT_INODES
+    """Entries (files, folders, links) each writable place may hold (tmpfs ``nr_inodes``: the workspace,
+    HOME and ``/tmp``, and ``/dev/shm`` where the backend can); creating one past it fails inside with
+    ENOSPC. It also bounds what grading must copy."""
+
+
+class PlaceFullError(SandboxError):
+    """Files given to a sandbox (its workspace) do not fit one of its places (``disk_mb`` or ``inodes``):
+    the size of what was handed in, not the sandbox, is at fault. ``place`` names the place and
+    ``limit`` the quota (``disk`` or ``inodes``)."""
+
+    def __init__(self, message: str, *, place: str = "workspace", limit: str = "disk") -> None:
+        super().__init__(message)
+        self.place = place
+        self.limit = limit
+
+
+def limit_tags(*, full_disks: Sequence[str] = (), full_inodes: Sequence[str] = (), oom_kills: int = 0,
+               throttled_periods: int = 0) -> list[str]:
+    """The :meth:`Sandbox.limits_hit` tags from what a backend measured: ``disk:<place>`` and
+    ``inodes:<place>`` for each place used up, ``memory`` after an OOM kill, ``cpu`` when throttled at
+    the CPU quota for :data:`CPU_HIT_PERIODS` periods or more."""
+    tags = [f"disk:{p}" for p in full_disks] + [f"inodes:{p}" for p in full_inodes]
+    if oom_kills > 0:
+        tags.append("memory")
+    if throttled_periods >= CPU_HIT_PERIODS:
+        tags.append("cpu")
+    return tags
 
 
 @dataclasses.dataclass
@@ -138,6 +178,12 @@ class Sandbox(abc.ABC):
         """The writable places (``workspace``, ``home``, ``tmp``...) whose ``disk_mb`` quota is used up;
         call before ``close``. Backends that cannot tell return ``[]``."""
         return []
+
+    def limits_hit(self) -> list[str]:
+        """The limits the sandbox's processes ran into so far (call before ``close``): ``disk:<place>``,
+        ``inodes:<place>``, ``memory`` (a process was killed at ``memory_mb``), ``cpu`` (held at the
+        ``cpus`` quota; see :data:`CPU_HIT_PERIODS`). Backends report what they can measure."""
+        return limit_tags(full_disks=self.full_disks())
 
     @abc.abstractmethod
     def close(self) -> None:

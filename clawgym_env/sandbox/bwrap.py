@@ -23,10 +23,13 @@ What it promises (the security boundary):
     verifiers, trainers) and the workspace's episode and run folders are masked with empty
     read-only folders wherever they fall under a visible path;
   * **limits** (see :mod:`clawgym_env.sandbox._hostside`): memory, processes and CPU share by cgroup,
-    rlimits, and ``disk_mb`` per writable place (workspace, HOME, ``/tmp``: size-limited tmpfs when
-    root; ``/dev/shm``: a size-limited tmpfs always), a write past it fails with ENOSPC inside and
-    :meth:`BwrapSandbox.full_disks` names the places that filled up; ``enforced_limits`` says how
-    each limit is enforced, ``unenforced_limits`` why one is not.
+    rlimits, and ``disk_mb`` and ``inodes`` per writable place (workspace, HOME, ``/tmp``: tmpfs
+    ``size``/``nr_inodes`` when root; ``/dev/shm``: a size-limited tmpfs always, whose entries the
+    memory cgroup bounds), a write past either fails with ENOSPC inside;
+    :meth:`BwrapSandbox.limits_hit` names the places that filled up, an OOM kill (``memory``) and a
+    CPU share held at its quota (``cpu``); ``enforced_limits`` says how each limit is enforced,
+    ``unenforced_limits`` why one is not. A workspace handed in that does not fit its place raises
+    :class:`~clawgym_env.sandbox.base.PlaceFullError` (the files' size, not the sandbox, is at fault).
 Not promised: protection against kernel exploits (use a VM or gVisor backend for that).
 
 Other invariants:
@@ -55,6 +58,7 @@ Other invariants:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
 import subprocess
@@ -79,7 +83,14 @@ from clawgym_env.sandbox._bwrap_plan import (
 from clawgym_env.sandbox._bwrap_relay import RelayHolder, holder_possible
 from clawgym_env.sandbox._bwrap_run import _FIX, check_bwrap, killpg, pump, setpriv_prefix
 from clawgym_env.sandbox._hostside import Cgroup, cgroup_parents, plan_limits, sweep_stale_cgroups
-from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxSpec, sandbox_host_ids
+from clawgym_env.sandbox.base import (
+    ExecResult,
+    PlaceFullError,
+    Sandbox,
+    SandboxSpec,
+    limit_tags,
+    sandbox_host_ids,
+)
 
 _PREFIX = "clawgym-bwrap-"
 _swept: set[str] = set()
@@ -198,6 +209,7 @@ class BwrapSandbox(BwrapCommands, MountTableFiles, Sandbox):
         if self._private:
             self._wrapper = [*self._wrapper, *setpriv_prefix(ids)]
         self._note_disk_limit()
+        self._note_inode_limit()
         if spec.proxy_socket is not None and holder_possible():  # one relay, in a network namespace every exec joins
             relay = [inside_python(spec), "-I", "-S", RELAY_PY, str(spec.proxy_port), PROXY_SOCK]
             holder = RelayHolder(self._bwrap_command, relay, self.env(), str(root))
@@ -207,15 +219,24 @@ class BwrapSandbox(BwrapCommands, MountTableFiles, Sandbox):
     def _start_private(self, root: Path, ws: Path) -> None:
         """As root: size-limited tmpfs places in a folder only the sandbox uid enters; workspace copied in."""
         uid, gid = self.host_ids
-        disk = self.spec.limits.disk_mb
+        disk, inodes = self.spec.limits.disk_mb, self.spec.limits.inodes
         st = ws.stat()
         self._ws_owner = (st.st_uid, st.st_gid)
         (root / "ws").mkdir()
         (root / "ro").mkdir()
         for place, mode in (("home", 0o700), ("tmp", 0o1777), ("ws", st.st_mode & 0o777 | 0o700)):
-            _hostfs.mount_tmpfs(root / place, size_mb=disk, uid=uid, gid=gid, mode=mode)
+            _hostfs.mount_tmpfs(root / place, size_mb=disk, uid=uid, gid=gid, mode=mode, inodes=inodes)
         self._places["workspace"] = root / "ws"
-        _hostfs.copy_owned(ws, root / "ws", uid, gid)
+        try:
+            _hostfs.copy_owned(ws, root / "ws", uid, gid)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            limit = "inodes" if _hostfs.out_of_inodes(root / "ws") else "disk"
+            quota = f"{inodes} entries" if limit == "inodes" else f"{disk} MiB"
+            raise PlaceFullError(f"the workspace {ws} does not fit the sandbox's workspace ({quota}: "
+                                 f"limits.{'inodes' if limit == 'inodes' else 'disk_mb'}); hand in fewer files "
+                                 "or raise that limit", place="workspace", limit=limit) from exc
 
     def _note_disk_limit(self) -> None:
         disk = self.spec.limits.disk_mb
@@ -228,11 +249,36 @@ class BwrapSandbox(BwrapCommands, MountTableFiles, Sandbox):
             self.unenforced_limits["disk_mb"] = (f"only /dev/shm is limited ({disk} MiB tmpfs): size-limited private "
                                                  "mounts for the workspace, HOME and /tmp need root")
 
+    def _note_inode_limit(self) -> None:
+        inodes = self.spec.limits.inodes
+        if inodes is None:
+            return
+        if self._private:
+            self.enforced_limits["inodes"] = (f"tmpfs nr_inodes={inodes} each for the workspace, HOME and /tmp "
+                                              "(/dev/shm: bounded by the memory limit)")
+        else:
+            self.unenforced_limits["inodes"] = ("the workspace, HOME and /tmp are host folders: private tmpfs "
+                                                "mounts with nr_inodes need root")
+
     def full_disks(self) -> list[str]:
         """The writable places (``workspace``, ``home``, ``tmp``) whose quota is used up (call before close)."""
         if self.root is None or not self._private or self.spec.limits.disk_mb is None:
             return []
         return [name for name, p in self._places.items() if _hostfs.is_full(p)]
+
+    def full_inodes(self) -> list[str]:
+        """The writable places whose ``inodes`` quota is used up (call before close)."""
+        if self.root is None or not self._private or self.spec.limits.inodes is None:
+            return []
+        return [name for name, p in self._places.items() if _hostfs.out_of_inodes(p)]
+
+    def limits_hit(self) -> list[str]:
+        """Full places (disk, inodes), an OOM kill and a CPU share held at its quota (see
+        :meth:`Sandbox.limits_hit`); call before close."""
+        cgroup = self._cgroup if self.use_cgroups else None
+        return limit_tags(full_disks=self.full_disks(), full_inodes=self.full_inodes(),
+                          oom_kills=cgroup.oom_kills() if cgroup else 0,
+                          throttled_periods=cgroup.throttled_periods() if cgroup else 0)
 
     def peak_memory_bytes(self) -> int | None:
         """Peak memory of the sandbox's processes so far (from its memory cgroup; None without one)."""

@@ -51,11 +51,14 @@ Same contract as the bubblewrap backend (see base.py). What it promises, and how
   link is never followed on the host. Failures raise SandboxError (:mod:`clawgym_env.sandbox._docker_files`).
 * **Limits.** ``memory_mb`` → cgroup memory without swap, ``max_procs`` → cgroup pids, ``cpus`` →
   CFS quota (``nano_cpus``), all for the whole container; ``open_files`` → RLIMIT_NOFILE; ``cpu_s`` →
-  RLIMIT_CPU per exec'd process (the relay is exempt); ``disk_mb`` → tmpfs ``size`` of each of the
-  workspace, HOME, ``/tmp`` and ``/dev/shm`` (a write past it fails with ENOSPC); it needs root to
-  mount the host tmpfs, else it is reported unenforced; :meth:`DockerSandbox.full_disks` names the
-  places that filled up. tmpfs pages also count towards ``memory_mb``. Every limit that is not None
-  lands in exactly one of ``enforced_limits`` (how) and ``unenforced_limits`` (why not).
+  RLIMIT_CPU per exec'd process (the relay is exempt); ``disk_mb`` and ``inodes`` → tmpfs ``size`` and
+  ``nr_inodes`` of each of the workspace, HOME, ``/tmp`` and ``/dev/shm`` (a write past either fails
+  with ENOSPC); they need root to mount the host tmpfs, else they are reported unenforced;
+  :meth:`DockerSandbox.limits_hit` names the places that filled up, an OOM kill (``memory``) and a CPU
+  share held at its quota (``cpu``), read from the container's own cgroup files. tmpfs pages also
+  count towards ``memory_mb``. Every limit that is not None lands in exactly one of
+  ``enforced_limits`` (how) and ``unenforced_limits`` (why not). A workspace that does not fit its
+  place raises :class:`~clawgym_env.sandbox.base.PlaceFullError` at start.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ from clawgym_env.sandbox._docker_host import (
     tmpfs_opts,
 )
 from clawgym_env.sandbox._docker_stream import pump
-from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxSpec, sandbox_host_ids
+from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxSpec, limit_tags, sandbox_host_ids
 
 CTL_DIR = "/.clawgym"  # read-only files inside: the launcher and the relay
 PROXY_SOCK = f"{CTL_DIR}/proxy.sock"  # the proxy's unix socket, bound here
@@ -183,12 +186,13 @@ class DockerSandbox(DockerFiles, Sandbox):
                                self.unenforced_limits)
 
         self.root = root = self._res["root"] = Path(tempfile.mkdtemp(prefix="clawgym-docker-", dir=self.tmp_root))
-        disk = spec.limits.disk_mb
-        self._res["places"] = places = [Place(root / "home", uid, gid, disk, 0o711), Place(root / "ws", uid, gid, disk)]
+        disk, inodes = spec.limits.disk_mb, spec.limits.inodes
+        self._res["places"] = places = [Place(root / "home", uid, gid, disk, 0o711, inodes=inodes),
+                                        Place(root / "ws", uid, gid, disk, inodes=inodes)]
         home, ws = places
         ws_host = os.path.realpath(spec.workspace_host)
         if not self._warm:
-            stage_in(ws_host, ws, uid, gid)
+            stage_in(ws_host, ws, uid, gid, spec.limits)
 
         binds, masks = plan_ro_mounts(list(spec.ro_paths), list(spec.hidden_paths), Path(ws_host))
         mounts: dict[str, tuple[str, bool]] = {t: (h, False) for t, h in binds.items()}
@@ -201,7 +205,9 @@ class DockerSandbox(DockerFiles, Sandbox):
                        f"{CTL_DIR}/relay.py": (str(here / "relay.py"), False)})
         by_target = {posixpath.normpath(spec.home): home, posixpath.normpath(spec.workspace_target): ws}
         self._premake(mounts, by_target)
-        tmpfs = {"/tmp": tmpfs_opts(disk, "1777")}
+        tmpfs = {"/tmp": tmpfs_opts(disk, "1777", inodes)}
+        if disk is not None or inodes is not None:  # with --ipc private, a tmpfs of our own replaces shm_size
+            tmpfs["/dev/shm"] = tmpfs_opts(disk, "1777", inodes, executable=False)
         tmpfs.update({m: "size=4k,nr_inodes=16,mode=0555" for m in masks})
         self._targets = sorted(((t, by_target.get(t)) for t in [*mounts, *tmpfs, "/dev/shm", PROXY_SOCK]),
                                key=lambda m: -len(m[0]))  # deepest first: the mount that holds a path
@@ -213,8 +219,6 @@ class DockerSandbox(DockerFiles, Sandbox):
             source, target, inside = self._proxy_mount(sock)
             docker_mounts.append(Mount(target, source, type="bind", read_only=True))
             command += [self._python(), "-I", "-S", f"{CTL_DIR}/relay.py", str(spec.proxy_port), inside]
-        if disk is not None:
-            kwargs["shm_size"] = f"{int(disk)}m"
         api = self._client.api
         host_config = api.create_host_config(
             network_mode="none", read_only=True, mounts=docker_mounts, tmpfs=tmpfs, cap_drop=["ALL"],
@@ -270,12 +274,45 @@ class DockerSandbox(DockerFiles, Sandbox):
         before close; one exec for the two places that only the container sees)."""
         if self._container is None or self.spec.limits.disk_mb is None:
             return []
-        full = [name for name, place in zip(("home", "workspace"), self._res.get("places", []))
-                if place.fd is not None and os.fstatvfs(place.fd).f_bavail == 0]
-        code, out, _, _, _ = self._run(["stat", "-f", "-c", "%a", "/tmp", "/dev/shm"], cwd="/", timeout=30)
-        if code == 0:
-            full += [name for name, free in zip(("tmp", "shm"), out.split()) if free == b"0"]
-        return full
+        return self._usage()[0]
+
+    def limits_hit(self) -> list[str]:
+        """Full places (disk, inodes), an OOM kill and a CPU share held at its quota (see
+        :meth:`Sandbox.limits_hit`); one exec reads what only the container sees. Call before close."""
+        if self._container is None:
+            return []
+        lim = self.spec.limits
+        disks, inodes, counters = self._usage()
+        return limit_tags(full_disks=disks if lim.disk_mb is not None else [],
+                          full_inodes=inodes if lim.inodes is not None else [],
+                          oom_kills=counters.get("oom_kill", 0), throttled_periods=counters.get("nr_throttled", 0))
+
+    def _usage(self) -> tuple[list[str], list[str], dict[str, int]]:
+        """(places out of blocks, places out of inodes, the container's cgroup counters): HOME and the
+        workspace through our fds, ``/tmp``, ``/dev/shm`` and the cgroup files (v1 or v2, read-only
+        inside) by one exec."""
+        disks: list[str] = []
+        inodes: list[str] = []
+        for name, place in zip(("home", "workspace"), self._res.get("places", [])):
+            if place.fd is not None:
+                st = os.fstatvfs(place.fd)
+                disks += [name] if st.f_bavail == 0 else []
+                inodes += [name] if st.f_files > 0 and st.f_favail == 0 else []
+        files = " ".join(f"/sys/fs/cgroup/{f}" for f in ("memory.events", "memory/memory.oom_control", "cpu.stat",
+                                                          "cpu/cpu.stat"))
+        code, out, _, _, _ = self._run(["sh", "-c", f"stat -f -c '%a %c %d' /tmp /dev/shm; cat {files} 2>/dev/null; "
+                                       "true"], cwd="/", timeout=30)
+        lines = out.decode(errors="replace").splitlines() if code == 0 else []
+        for name, line in zip(("tmp", "shm"), lines[:2]):
+            free, total, free_inodes = (line.split() + ["", "", ""])[:3]
+            disks += [name] if free == "0" else []
+            inodes += [name] if total not in ("", "0") and free_inodes == "0" else []
+        counters: dict[str, int] = {}
+        for line in lines[2:]:
+            key, _, value = line.partition(" ")
+            if key in ("oom_kill", "nr_throttled") and value.strip().isdigit():
+                counters[key] = counters.get(key, 0) + int(value)
+        return disks, inodes, counters
 
     def close(self) -> None:
         """Remove the container, copy the workspace back, free HOME and the workspace. Idempotent."""

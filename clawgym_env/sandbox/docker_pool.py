@@ -160,6 +160,10 @@ class PooledDockerSandbox(Sandbox):
         """The started sandbox's ``full_disks``."""
         return self._live().full_disks()
 
+    def limits_hit(self) -> list[str]:
+        """The started sandbox's ``limits_hit``."""
+        return self._live().limits_hit()
+
     def close(self) -> None:
         """Close the started sandbox (a pooled container is destroyed, never returned). Idempotent."""
         if self._sb is not None:
