@@ -196,3 +196,18 @@ def test_a_workspace_that_does_not_fit_a_sandbox_is_a_place_full_error(tmp_path,
         with get_backend(backend)(SandboxSpec(workspace_host=ws, limits=SandboxLimits(disk_mb=2))):
             pass
     assert err.value.limit == "disk"
+
+
+@pytest.mark.parametrize("backend", _sandboxes())
+def test_a_scratch_sandbox_does_not_hand_its_workspace_back(tmp_path, backend):
+    """``hand_back=False`` (a grader's scratch copy): the final workspace is discarded, not copied back."""
+    _ready(backend)
+    if os.geteuid() != 0:
+        pytest.skip("as another user a sandbox works on the host folder itself (no copy to discard)")
+    from clawgym_env.sandbox import get_backend
+
+    for hand_back in (True, False):
+        ws = _files(tmp_path / f"ws-{hand_back}", 3)
+        with get_backend(backend)(SandboxSpec(workspace_host=ws, hand_back=hand_back)) as sb:
+            assert sb.exec(["sh", "-c", "echo new > new; rm f0"]).ok
+        assert sorted(os.listdir(ws)) == (["f1", "f2", "new"] if hand_back else ["f0", "f1", "f2"])

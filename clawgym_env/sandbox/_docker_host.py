@@ -1,21 +1,21 @@
 """Host side of the Docker sandbox: the engine and its image, private size-limited places, what the
 toolchain mounts hide, and the release of everything a sandbox created.
 
-**Places.** HOME and the workspace of a Docker sandbox are each a :class:`Place`: a folder under a
-0700 staging folder that, when this process is root, is a fresh tmpfs mounted on the host with
-``size=disk_mb``, ``nr_inodes=inodes``, ``nosuid``, ``nodev`` and owned by the sandbox's host ids.
-Once the container has started (it holds its own bind of the tmpfs), :meth:`Place.detach` keeps one
-directory fd and lazily unmounts the host path, so the place is reachable from the host only through
-that fd: no other host user can reach it by any path, and if this process is killed the fd closes, the container
+**Places.** HOME and the workspace of a Docker sandbox are each a :class:`Place`: a folder under a 0700
+staging folder that, when this process is root, is a fresh tmpfs mounted on the host with
+``size=disk_mb``, ``nr_inodes=inodes``, ``nosuid``, ``nodev`` and owned by the sandbox's host ids. Once
+the container has started (it holds its own bind of the tmpfs), :meth:`Place.detach` keeps one directory
+fd and lazily unmounts the host path, so the place is reachable from the host only through that fd: no
+other host user can reach it by any path, and if this process is killed the fd closes, the container
 dies with it (see docker.py) and the kernel frees the tmpfs: nothing is left on the host.
 
 Invariants:
-  * :func:`stage_in` copies a trusted tree into a place without following links and hands every
-    entry to the sandbox ids; a tree that does not fit the place raises
+  * :func:`stage_in` copies a trusted tree into a place without following links and hands every entry to
+    the sandbox ids; a tree that does not fit the place raises
     :class:`~clawgym_env.sandbox.base.PlaceFullError`; :func:`stage_out` replaces the host workspace's
-    content with the place's (through :func:`clawgym_env.workspace_files.copy_tree`: links stay links, special files
-    are skipped, sparse files stay sparse, setuid/setgid/sticky bits are stripped, never a whole file
-    in memory), every entry owned by the workspace folder's owner and the folder itself 0700;
+    content with the place's (through :func:`clawgym_env.workspace_files.copy_tree`: links stay links,
+    special files are skipped, sparse files stay sparse, setuid/setgid/sticky bits are stripped, never a
+    whole file in memory), every entry owned by the workspace folder's owner and the folder itself 0700;
   * :func:`hidden_folders` names what a sandbox must never see: ``spec.hidden_paths`` (our own
     packages' folders: task data, expert solutions, verifiers), the project checkout, the workspace
     itself (only its private copy is mounted), its episode folder and the run folder holding other

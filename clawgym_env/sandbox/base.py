@@ -7,7 +7,8 @@ fails; ``close()`` is idempotent.
 Inside every sandbox:
   * ``spec.workspace_target`` (an absolute path such as ``/root/.openclaw/workspace``) holds the
     files of the host folder ``spec.workspace_host``, writable; it is the only writable place that
-    outlives the sandbox (a backend may work on a private copy and hand it back, sanitized, at close);
+    outlives the sandbox (a backend may work on a private copy and hand it back, sanitized, at close;
+    with ``spec.hand_back=False`` a backend that works on a copy discards it);
   * ``HOME`` (``spec.home``) and ``/tmp`` are private and writable and vanish with the sandbox;
   * the host toolchain (``spec.ro_paths``) is visible read-only at the same paths, except
     ``spec.hidden_paths`` (our own packages: task data and verifiers) and the run's folders;
@@ -115,6 +116,10 @@ class SandboxSpec:
     host_ids: tuple[int, int] | None = None
     """(uid, gid) on the host that the sandbox's user maps to; ``None``: :func:`sandbox_host_ids`
     picks them. Never 0 when this process is root: sandboxed code must not act as host root."""
+    hand_back: bool = True
+    """Copy the final workspace back into ``workspace_host`` at close. ``False`` for a scratch copy
+    nobody reads afterwards (the grader's): a backend working on a private copy then discards it, which
+    spares copying a workspace of a quota's worth of files twice more."""
 
     def __post_init__(self) -> None:
         # Backends run from their own folders: a relative host path would point elsewhere.

@@ -11,13 +11,13 @@ What it promises (the security boundary):
     inside (or root inside, ``unprivileged=False``) is that host uid: host files are reached with
     "other" permissions only, host processes cannot be signalled, ``/proc/sys``, ``/proc/irq``,
     ``/proc/bus`` and ``/proc/sysrq-trigger`` are mounted read-only on top of that;
-  * **no setuid planting**: as root, the workspace, HOME and ``/tmp`` are ``nosuid,nodev`` tmpfs
-    mounts under a folder that only the sandbox uid can enter (``0700``, never reachable by other
-    host users or other sandboxes); the workspace's files are copied in at start and copied back
-    to ``spec.workspace_host`` by ``close`` with the workspace folder's owner, no setuid/setgid/sticky
-    bit, symlinks as links, holes kept, hard links kept, special files dropped; a killed driver
-    leaves the host workspace as it was given, and its mounts are removed by its reaper process;
-    as a non-root user, ``close`` clears setuid/setgid bits under the workspace;
+  * **no setuid planting**: as root, the workspace, HOME and ``/tmp`` are ``nosuid,nodev`` tmpfs mounts
+    under a folder that only the sandbox uid can enter (``0700``, never reachable by other host users or
+    other sandboxes); the workspace's files are copied in at start and copied back (unless
+    ``spec.hand_back`` is False) to ``spec.workspace_host`` by ``close`` with the workspace folder's
+    owner, no setuid/setgid/sticky bit, symlinks as links, holes kept, hard links kept, special files
+    dropped; a killed driver leaves the host workspace as it was given, and its mounts are removed by
+    its reaper process; as a non-root user, ``close`` clears setuid/setgid bits under the workspace;
   * **no answer keys**: only ``spec.ro_paths`` (system folders, the interpreter, the harness's own
     install) are visible, read-only; ``spec.hidden_paths`` (our own packages' folders: tasks,
     verifiers, trainers) and the workspace's episode and run folders are masked with empty
@@ -300,6 +300,8 @@ class BwrapSandbox(BwrapCommands, MountTableFiles, Sandbox):
         ws = Path(self.spec.workspace_host)
         if not self._private:
             _hostfs.strip_setid(ws)
+            return
+        if not self.spec.hand_back:  # a scratch copy: its tmpfs goes with the rest
             return
         try:
             _hostfs.clear_dir(ws)

@@ -18,15 +18,15 @@ Same contract as the bubblewrap backend (see base.py). What it promises, and how
   packages' folders: task answer keys, verifiers), the project checkout, the workspace's episode
   folder and the run folder of other episodes are never shown (masked with an empty folder where a
   toolchain path would show them). ``extra_binds`` as asked.
-* **Private places.** The workspace, HOME, ``/tmp`` and ``/dev/shm`` are writable by the sandbox
-  user and private to the sandbox. ``/tmp`` and ``/dev/shm`` are Docker tmpfs. HOME and the
-  workspace are :class:`~clawgym_env.sandbox._docker_host.Place` s: when this process is root, a
-  host tmpfs per place, detached from every host path once the container runs. The workspace is
-  copied in at start and copied back into ``spec.workspace_host`` by ``close()`` (links kept as links,
-  special files skipped, sparse files sparse, setuid/setgid bits stripped, everything owned by the
-  workspace folder's owner, the folder 0700); the host folder is untouched while the sandbox runs,
-  and stays as it was given if this process is killed. As a non-root user the places are plain
-  folders under a 0700 staging folder (``tmp_root``), left behind by a killed process.
+* **Private places.** The workspace, HOME, ``/tmp`` and ``/dev/shm`` are writable by the sandbox user
+  and private to the sandbox. ``/tmp`` and ``/dev/shm`` are Docker tmpfs. HOME and the workspace are
+  :class:`~clawgym_env.sandbox._docker_host.Place` s: when this process is root, a host tmpfs per place,
+  detached from every host path once the container runs. The workspace is copied in at start and copied
+  back (unless ``spec.hand_back`` is False) into ``spec.workspace_host`` by ``close()`` (links kept as
+  links, special files skipped, sparse files sparse, setuid/setgid bits stripped, everything owned by
+  the workspace folder's owner, the folder 0700); the host folder is untouched while the sandbox runs,
+  and stays as it was given if this process is killed. As a non-root user the places are plain folders
+  under a 0700 staging folder (``tmp_root``), left behind by a killed process.
 * **Not promised.** Protection against kernel exploits (the container shares the host kernel: use
   a VM or gVisor runtime for that); a driver that forks keeps the container alive in the child.
 * **Lifetime.** pid 1 is ``docker_launch.py init`` (bind-mounted read-only with ``relay.py`` at
@@ -242,7 +242,7 @@ class DockerSandbox(DockerFiles, Sandbox):
         if status != "running":
             raise SandboxError(f"sandbox container ended at start ({status}): its pid 1 ({self._python()}) "
                                "could not run; make sure that Python is visible through spec.ro_paths")
-        if not self._warm:
+        if not self._warm and spec.hand_back:
             self._res["ws_out"] = (ws, ws_host)
         for place in places:  # from now on only the container and our fds reach them
             place.detach()

@@ -118,7 +118,8 @@ class WarmDockerSandbox(DockerSandbox):
         copy_tree(ws_host, f"{ws.host}/.")  # "/.": through the fd's magic link (the copy never follows links)
         if os.geteuid() == 0:
             chown_tree(f"{ws.host}/.", self.uid, self.gid)
-        self._res["ws_out"] = (ws, ws_host)  # from now on close() copies it back
+        if spec.hand_back:
+            self._res["ws_out"] = (ws, ws_host)  # from now on close() copies it back
         self.spec = spec
 
 
