@@ -14,6 +14,9 @@ Invariants:
     ignored for root);
   * ``cpus`` is the cgroup's CFS quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``) per 100 ms period,
     else unenforced;
+  * :meth:`Cgroup.oom_kills` and :meth:`Cgroup.throttled_periods` read the kernel's own counters
+    (``oom_kill`` of ``memory.events``/``memory.oom_control``, ``nr_throttled`` of ``cpu.stat``): what
+    the sandbox ran into, reported in ``limits_hit``;
   * the prefix runs as this process's uid (root: before the drop to the sandbox uid that the caller
     appends), so the cgroup's files need no delegation to the sandbox uid;
   * ``cpu_s`` is ``RLIMIT_CPU`` per process, ``open_files`` is ``RLIMIT_NOFILE``;

@@ -300,8 +300,11 @@ class DockerSandbox(DockerFiles, Sandbox):
                 inodes += [name] if st.f_files > 0 and st.f_favail == 0 else []
         files = " ".join(f"/sys/fs/cgroup/{f}" for f in ("memory.events", "memory/memory.oom_control", "cpu.stat",
                                                           "cpu/cpu.stat"))
-        code, out, _, _, _ = self._run(["sh", "-c", f"stat -f -c '%a %c %d' /tmp /dev/shm; cat {files} 2>/dev/null; "
-                                       "true"], cwd="/", timeout=30)
+        try:
+            code, out, _, _, _ = self._run(["sh", "-c", f"stat -f -c '%a %c %d' /tmp /dev/shm; cat {files} "
+                                           "2>/dev/null; true"], cwd="/", timeout=30)
+        except SandboxError:  # the container is gone: what only it could tell is unknown, not a failure
+            code, out = -1, b""
         lines = out.decode(errors="replace").splitlines() if code == 0 else []
         for name, line in zip(("tmp", "shm"), lines[:2]):
             free, total, free_inodes = (line.split() + ["", "", ""])[:3]
