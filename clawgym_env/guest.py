@@ -31,6 +31,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +64,13 @@ class GuestBroker:
     ``base``: the host folder copied for each guest; ``mount``: the workspace path inside."""
 
     def __init__(self, *, socket_dir: Path, base: Path, mount: str, sandbox: str, limits: SandboxLimits,
-                 deadline: float, max_runs: int = 32, work_dir: Path) -> None:
+                 deadline: float, max_runs: int = 32, work_dir: Path,
+                 copy_caps: Mapping[str, int | None] | None = None) -> None:
         self.socket_path = Path(socket_dir) / SOCKET_NAME
         self.base, self.mount, self.sandbox, self.limits = Path(base), mount, sandbox, limits
         self.deadline, self.max_runs, self.work_dir = deadline, max_runs, Path(work_dir)
+        self.copy_caps = dict(copy_caps or {})
+        """``max_bytes``/``max_entries`` for each guest's copy of ``base`` (the agent's own quotas)."""
         self.runs = 0
         self.failure: str | None = None
         """Set when a guest sandbox could not be started (infrastructure, not the agent's doing)."""
@@ -168,13 +172,14 @@ class GuestBroker:
         env = {str(k): str(v) for k, v in dict(req.get("env") or {}).items()}
         with private_tempdir("clawgym-guest-", dir=self.work_dir) as tmp:
             ws = tmp / "workspace"
-            copy_tree(self.base, ws)
+            copy_tree(self.base, ws, deadline=self.deadline, max_bytes=self.copy_caps.get("max_bytes"),
+                      max_entries=self.copy_caps.get("max_entries"))
             planted = ws / "reward"
             if planted.is_symlink() or planted.is_file():
                 planted.unlink()
             elif planted.exists():
                 remove_tree(planted)
-            spec = SandboxSpec(workspace_host=ws, workspace_target=self.mount, limits=self.limits)
+            spec = SandboxSpec(workspace_host=ws, workspace_target=self.mount, limits=self.limits, hand_back=False)
             with get_backend(self.sandbox)(spec) as sb:
                 for rel, content in files.items():
                     sb.write_file(posixpath.join(self.mount, rel), content)

@@ -49,6 +49,7 @@ from typing import Any
 from clawgym_env import guest_client
 from clawgym_env.errors import ClawGymError, SandboxError
 from clawgym_env.grading import GradeContext, GradeResult, GradeStatus
+from clawgym_env.grading_room import copy_failure, copy_limits, grader_room
 from clawgym_env.guest import SOCKET_NAME, GuestBroker
 from clawgym_env.reward_links import drop_links_into_reward
 from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend
@@ -184,8 +185,6 @@ def grader_limits(task: Any) -> SandboxLimits:
     """The grader's sandbox limits: its own room (:func:`clawgym_env.grading_room.grader_room`): the agent's disk and
     inode quotas plus a reserve and the task's ``reward/``, so a workspace the agent filled to its quotas fits; the
     agent's memory and CPU caps do not bind the grader."""
-    from clawgym_env.grading_room import grader_room
-
     return grader_room(task)
 
 
@@ -202,8 +201,6 @@ def grade_workspace(task: Any, workspace: str | Path, *, final_message: str | No
     with private_tempdir("clawgym-grade-") as tmp:
         ws = tmp / "workspace"
         try:  # bounded by the grader's room and deadline (clawgym_env.grading_room), a million files included
-            from clawgym_env.grading_room import copy_failure, copy_limits
-
             copy_tree(workspace, ws, **copy_limits(task, now=t0))
         except (OSError, ClawGymError) as exc:  # unreadable, or past the agent's own quotas or the deadline: its 0
             return RewardResult(0.0, {}, False, copy_failure(exc), wall_s=time.monotonic() - t0)
@@ -226,10 +223,12 @@ def grade_workspace(task: Any, workspace: str | Path, *, final_message: str | No
                                         (reward_copy, f"{task.mount_dir}/reward", False)],
                            env={"OPENCLAW_REWARD_PAYLOAD": PAYLOAD_PATH, **HERMETIC_ENV,
                                 guest_client.SOCKET_ENV: f"{GRADER_SITE_DIR}/{SOCKET_NAME}"},
-                           limits=limits)
+                           limits=limits, hand_back=False)
         budget = task.limits.reward_timeout_s
+        caps = {k: v for k, v in copy_limits(task).items() if k != "deadline"}
         with GuestBroker(socket_dir=site, base=ws, mount=task.mount_dir, sandbox=sandbox, limits=limits,
-                         deadline=time.monotonic() + budget, work_dir=tmp) as broker, backend(spec) as sb:
+                         deadline=time.monotonic() + budget, work_dir=tmp, copy_caps=caps) as broker, \
+                backend(spec) as sb:
             sb.write_file(PAYLOAD_PATH, json.dumps(build_payload(task, final_message, transcript)))
             res = sb.exec(["bash", f"{task.mount_dir}/reward/reward.sh"], cwd=task.mount_dir, timeout=budget)
             reward, ok, reason = parse_reward_output(res.stdout, res.returncode, res.timed_out)
