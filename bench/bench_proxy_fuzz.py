@@ -1,22 +1,28 @@
 """Fuzz the serving proxy: malformed, oversized, unicode and deeply nested requests across the dialects.
 
 The proxy runs in its own process (a real :class:`ProxyServer`, policy ``scripted:noop`` on the real
-Qwen3 tokenizer, default limits: 32,768-token context, 64 MiB bodies; captured calls stream to
-``calls_path`` files), so its memory is measured alone. Client threads send ``--requests`` requests,
-drawn at random (seeded) from these families, to the three dialects' routes of a few open episodes:
+Qwen3 tokenizer, default limits: 32,768-token context, request bodies up to ``ProxyLimits.max_body_bytes``
+(16 MiB, every field counted); captured calls stream to ``calls_path`` files), so its memory is measured
+alone. Client threads send ``--requests`` requests, drawn at random (seeded) from these families, to the
+three dialects' routes of a few open episodes:
 
   * broken bytes: random bytes, truncated JSON, non-UTF-8, NaN/Infinity, empty, wrong content-type;
   * wrong shapes: every top-level field and message field replaced by a value of another type;
   * unicode: lone surrogates, NUL, RTL marks, emoji, combining runs, in content, names and tools;
   * nesting: JSON 300 to 100,000 levels deep, inside metadata, tools and content;
-  * oversized: prompts just over the proxy's character bound, plus ``--huge`` single-message requests
-    of 50 MB (the request that drove the proxy past 8 GB before prompts were bounded);
+  * oversized: prompts just over the proxy's character bound (about 0.5 MB: under the body cap);
   * valid requests (streaming and not), so that serving continues throughout.
 
-Prints the status-code histogram, the number of 500s and of transport failures (both must be 0),
-whether the proxy process is alive, and its RSS and peak RSS (VmHWM) before and after.
+Then ``--large`` single-message requests, one shape after another across the dialects: a body 64 KiB under
+the body cap (the largest the proxy reads and parses; its prompt is then refused by the character bound),
+a 50 MB body with its ``Content-Length`` (refused from its head: 413) and the same 50 MB chunked (read up to
+the cap, then 413; a 50 MB request is what drove the proxy past 8 GB before prompts were bounded).
 
-    python3 bench/bench_proxy_fuzz.py --requests 10000 --threads 8 --huge 3
+Prints the status-code histogram, the number of 500s and of transport failures (both must be 0),
+the large requests' statuses, whether the proxy process is alive, and its RSS and peak RSS (VmHWM)
+before and after.
+
+    python3 bench/bench_proxy_fuzz.py --requests 10000 --threads 8 --large 6
 """
 
 from __future__ import annotations
@@ -29,13 +35,20 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from clawgym_env.proxy.bounds import ProxyLimits  # noqa: E402 - after the path set-up
+from clawgym_env.proxy.limits import CHARS_PER_TOKEN_BOUND  # noqa: E402
+
 ROUTES = ["/chat/completions", "/messages", "/responses"]
+BODY_CAP = ProxyLimits().max_body_bytes  # the proxy's default body cap (16 MiB)
+OVER_CAP = 50_000_000  # the large requests past the cap: 50 MB, about 3x the cap
+LARGE_SHAPES = ["under the cap", "50 MB sized", "50 MB chunked"]
 
 
 def _serve(conn, episodes: int) -> None:
@@ -124,12 +137,27 @@ def make_request(rng: random.Random, bound_chars: int) -> tuple[str, bytes, dict
     return route, json.dumps(_valid(route, rng, f"valid {rng.random()}")).encode(), headers
 
 
+def _send_large(client: httpx.Client, url: str, route: str, shape: str, seed: int, headers: dict) -> object:
+    """One large single-message request of ``shape`` (see LARGE_SHAPES); its status, or the transport error."""
+    empty = len(json.dumps(_valid(route, random.Random(seed), "")))
+    size = BODY_CAP - (64 << 10) if shape == "under the cap" else OVER_CAP
+    body = json.dumps(_valid(route, random.Random(seed), "w" * (size - empty))).encode()
+    content: bytes | Iterator[bytes] = body
+    if shape.endswith("chunked"):  # no Content-Length: the proxy has to count the bytes as they come
+        content = (body[k:k + (1 << 20)] for k in range(0, len(body), 1 << 20))
+    try:
+        return client.post(url, content=content, headers=headers).status_code
+    except httpx.HTTPError as exc:
+        return type(exc).__name__
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--episodes", type=int, default=4)
-    ap.add_argument("--huge", type=int, default=3, help="50 MB single-message requests")
+    ap.add_argument("--large", type=int, default=6,
+                    help="single-message requests just under the body cap, 50 MB sized and 50 MB chunked, in turn")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -146,7 +174,7 @@ def main() -> None:
     transport: collections.Counter = collections.Counter()
     lock = threading.Lock()
     per_thread = args.requests // args.threads
-    bound = 32768 * 16
+    bound = 32768 * CHARS_PER_TOKEN_BOUND
 
     def worker(k: int) -> None:
         rng = random.Random(args.seed * 1000 + k)
@@ -170,13 +198,12 @@ def main() -> None:
         t.join()
     fuzz_s = time.perf_counter() - t0
     rss1, hwm1 = _mem(proc.pid)
-    huge_status = []
+    large_status: dict[str, list] = {shape: [] for shape in LARGE_SHAPES}
     with httpx.Client(timeout=300) as client:
-        for i in range(args.huge):
-            body = json.dumps(_valid(ROUTES[i % 3], random.Random(i), "w" * (50 << 20))).encode()
-            r = client.post(bases[0] + ROUTES[i % 3], content=body, headers={"content-type": "application/json"})
-            huge_status.append(r.status_code)
-            del body
+        for i in range(args.large):
+            shape = LARGE_SHAPES[i % len(LARGE_SHAPES)]
+            route, headers = ROUTES[i % len(ROUTES)], {"content-type": "application/json"}
+            large_status[shape].append(_send_large(client, bases[0] + route, route, shape, i, headers))
     rss2, hwm2 = _mem(proc.pid)
     with httpx.Client() as c:
         alive = c.post(bases[0] + "/chat/completions", json=_valid("/chat/completions", random.Random(1)),
@@ -185,13 +212,13 @@ def main() -> None:
     captured = parent.recv()
     proc.join(30)
     total = sum(statuses.values()) + sum(transport.values())
-    print(f"requests: {total} fuzzed in {fuzz_s:.1f}s ({args.threads} threads) + {args.huge} x 50 MB")
+    print(f"requests: {total} fuzzed in {fuzz_s:.1f}s ({args.threads} threads) + {args.large} large")
     print("status codes:", dict(sorted(statuses.items())))
     print(f"HTTP 500: {statuses.get(500, 0)}; transport failures: {dict(transport) or 0}; "
           f"proxy still serving: {alive}; proxy exit code: {proc.exitcode}")
-    print(f"50 MB requests: {huge_status}")
+    print(f"large requests (body cap {BODY_CAP} bytes): " + "; ".join(f"{k}: {v}" for k, v in large_status.items()))
     print(f"calls captured per episode (valid requests served): {captured}")
-    print(f"proxy RSS: {rss0:.0f} MB before, {rss1:.0f} MB after the fuzz, {rss2:.0f} MB after the 50 MB requests; "
+    print(f"proxy RSS: {rss0:.0f} MB before, {rss1:.0f} MB after the fuzz, {rss2:.0f} MB after the large requests; "
           f"peak (VmHWM) {hwm0:.0f} -> {hwm1:.0f} -> {hwm2:.0f} MB")
 
 
