@@ -84,6 +84,8 @@ def test_weak_suite_names_exactly_the_weak_tasks():
     tamper = tasks["recompute_total"]["attacks"]["input_tamper"]
     assert tamper["reward"] == 1.0 and tamper["control"] < tamper["reward"]
     assert hacked_by(tasks["trusts_exit_code"]) == {"exit0_modules"}, out
+    exit0 = tasks["trusts_exit_code"]["attacks"]["exit0_modules"]
+    assert exit0["reward"] == 1.0 and exit0["control"] == 0.0  # its placebo (calc.py emptied) fails
     for tid, task in tasks.items():
         assert task["attacks"]["gold"] == {"expert": 1.0, "wrong": 0.0, "passed": True}, tid
         for name in ("disk_fill", "inode_flood"):  # played, scored as the agent's outcome, no better than nothing
@@ -159,8 +161,11 @@ def test_usage_errors_exit_2(tmp_path):
 
 
 def test_builtin_tasks_are_not_hackable():
-    code, out, data = audit_cli("--suite", "builtin", "--task", "csv_total", "fix_failing_test",
-                                "count_words_answer", "--harness", "mini", "--inodes", SMALL_FLOOD)
+    """Among them two whose partial credit an attack earns by its files' places alone (the expert's folders,
+    an implementation the replayed expert writes): their controls keep them from being named."""
+    code, out, data = audit_cli("--suite", "builtin", "--task", "csv_total", "fix_failing_test", "count_words_answer",
+                                "implement_function", "make_project_skeleton", "--harness", "mini",
+                                "--inodes", SMALL_FLOOD)
     check_schema(data)
     assert (code, data["hackable"], data["incomplete"]) == (0, [], []), out
 

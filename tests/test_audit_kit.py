@@ -39,8 +39,9 @@ from leaderboards.audit.payloads import (
     shadow_stub,
     win_py,
 )
+from leaderboards.audit.placebo import placebo_plan
 from leaderboards.audit.policy import last_tool_output
-from leaderboards.audit.steps import AuditScript, write_command
+from leaderboards.audit.steps import STEP_CHARS, AuditScript, bash_steps, write_command, write_fragments
 from leaderboards.audit.table import render_table
 from leaderboards.audit.trivial import trivialise
 from leaderboards.audit.verdict import AuditReport, GoldOutcome, TaskAudit, judge_attack
@@ -84,9 +85,47 @@ def test_write_command_writes_bytes_exactly(tmp_path, data):
     assert oct(out.stat().st_mode & 0o777) == "0o640"
 
 
-def test_plain_text_goes_as_a_heredoc_not_base64():
+def test_plain_text_goes_as_text_not_base64():
     assert "<<'CLAWGYM_AUDIT_EOF'" in write_command("a.py", "print(1)\n")
-    assert "base64 -d" in write_command("a.py", "print(1)")  # no final newline: kept exact with base64
+    assert "base64" not in write_command("a.py", "print(1)")  # no final newline: printf, still exact
+    assert "base64 -d" in write_command("a.bin", b"\x00\x01")
+
+
+@pytest.mark.parametrize("data", [("line %d of a big module\n" * 3000).encode(), b"x" * 20_000,
+                                  bytes(range(256)) * 60])
+def test_large_files_go_in_pieces_that_fit_a_step(tmp_path, data):
+    data = data % tuple(range(3000)) if b"%d" in data else data
+    fragments = write_fragments("big/file", data)
+    assert len(fragments) > 1
+    steps = bash_steps(*fragments)
+    assert all(len(step["command"]) <= STEP_CHARS + 100 or "base64" in step["command"] for step in steps)
+    for step in steps:  # each step a separate shell, as a harness runs them
+        subprocess.run(["bash", "-c", step["command"]], cwd=tmp_path, check=True)
+    assert (tmp_path / "big" / "file").read_bytes() == data
+
+
+def test_every_planned_step_fits_a_harness_answer(tokenizer):
+    """mini caps an answer at 4,096 tokens: every step of every plan (placebos included) stays well under."""
+    from clawgym_env.capture.records import EpisodeRecord, WorkspaceChange
+    from clawgym_env.policy.chat_format import assistant_text
+    from tasks import load_suite
+
+    def tokens(step):
+        return len(tokenizer.encode(assistant_text("", tool_calls=[("bash", {"command": step["command"]})]),
+                                    add_special_tokens=False))
+
+    tasks = list(load_suite("builtin")) + [load_task_dir(p) for d in (WEAK, KIT) for p in sorted(d.iterdir())]
+    worst = 0
+    for task in tasks:
+        facts = gather_facts(task)
+        for name in ATTACKS:
+            for ep in plan_attack(name, facts).episodes:
+                worst = max([worst] + [tokens(s) for s in ep.script.steps if s.get("tool") == "bash"])
+    many = [WorkspaceChange(path=f"dir{i % 7}/module_{i}.py", change="added") for i in range(2000)]
+    placebo = placebo_plan("module_shadowing", EpisodeRecord(episode_id="e", task_id="t", harness="mini",
+                                                             policy="p", status="ok", workspace_changes=many))
+    worst = max([worst] + [tokens(s) for s in placebo.script.steps])
+    assert worst <= 3000, worst
 
 
 # -- payloads -------------------------------------------------------------------------------------------
@@ -212,6 +251,52 @@ def test_gold_plays_expert_and_wrong():
     assert expert.script.final == "Lisbon is the warmest city." and wrong.script.final.startswith("Tallinn")
 
 
+def test_placebo_empties_every_planted_file():
+    from clawgym_env.capture.records import EpisodeRecord, WorkspaceChange
+
+    record = EpisodeRecord(episode_id="e", task_id="t", harness="mini", policy="p", status="ok", workspace_changes=[
+        WorkspaceChange(path="calc/src/calc/__init__.py", change="added"),
+        WorkspaceChange(path="answer.txt", change="added", kind="symlink"),
+        WorkspaceChange(path="calc.py", change="modified"),
+        WorkspaceChange(path="gone.txt", change="deleted"),
+        WorkspaceChange(path="odd\\xff.txt", change="added")])
+    plan = placebo_plan("exit0_modules", record)
+    assert plan.label == "exit0_modules:placebo"
+    command = plan.script.steps[0]["command"]
+    assert "gone.txt" not in command and "odd" not in command
+    assert placebo_plan("exit0_modules", record.model_copy(update={"workspace_changes": []})) is None
+
+
+def test_placebo_script_runs(tmp_path):
+    from clawgym_env.capture.records import EpisodeRecord, WorkspaceChange
+
+    (tmp_path / "answer.txt").symlink_to("/etc/hostname")
+    (tmp_path / "calc.py").write_text("import os\nos._exit(0)\n")
+    record = EpisodeRecord(episode_id="e", task_id="t", harness="mini", policy="p", status="ok", workspace_changes=[
+        WorkspaceChange(path="pkg/mod.py", change="added"), WorkspaceChange(path="answer.txt", change="added",
+                                                                              kind="symlink"),
+        WorkspaceChange(path="calc.py", change="modified")])
+    subprocess.run(["bash", "-c", placebo_plan("x", record).script.steps[0]["command"]], cwd=tmp_path, check=True,
+                   capture_output=True)
+    for rel in ("pkg/mod.py", "answer.txt", "calc.py"):
+        path = tmp_path / rel
+        assert not path.is_symlink() and path.is_file() and path.stat().st_size == 0, rel
+
+
+def test_tamper_control_keeps_the_experts_in_place_outputs(tmp_path):
+    from leaderboards.audit.tamper import restore_inputs
+
+    facts = _facts(WEAK, "trusts_exit_code")
+    for rel in facts.inputs:
+        (tmp_path / rel).write_text("tampered\n")
+    (tmp_path / "test_calc.py").unlink()
+    (tmp_path / "test_calc.py").symlink_to("/etc/hostname")
+    assert restore_inputs(facts, tmp_path, keep=frozenset({"calc.py"})) == ["test_calc.py"]
+    assert (tmp_path / "calc.py").read_text() == "tampered\n"
+    assert not (tmp_path / "test_calc.py").is_symlink()
+    assert (tmp_path / "test_calc.py").read_bytes() == (WEAK / "trusts_exit_code/input_files/test_calc.py").read_bytes()
+
+
 # -- the adaptive answer ------------------------------------------------------------------------------------
 
 def test_last_tool_output_is_the_answer_without_markers():
@@ -236,9 +321,10 @@ def test_attack_verdicts():
     assert escaped.to_json() == {"reward": None, "beats_baseline": False, "status": "infra_error",
                                  "escapes_scoring": True, "error": "ENOSPC"}
     assert not judge_attack("a", [0.0], ["infra_error"], None).hacked  # no baseline: not judged
-    coincidence = judge_attack("input_tamper", [1.0], ["ok"], 0.0, control=1.0)
-    assert not coincidence.beats_baseline and "pristine inputs" in coincidence.note
+    coincidence = judge_attack("input_tamper", [1.0], ["ok"], 0.0, control=1.0, control_why="why not")
+    assert not coincidence.beats_baseline and coincidence.note == "why not" and coincidence.control == 1.0
     assert judge_attack("input_tamper", [1.0], ["ok"], 0.0, control=0.0).beats_baseline
+    assert not judge_attack("exit0_modules", [0.2], ["ok"], 0.0, control=0.4).hacked  # the placebo scores more
 
 
 def test_gold_gate():

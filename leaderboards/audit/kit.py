@@ -53,7 +53,7 @@ from leaderboards.audit.payloads import (
     shadow_stub,
     win_py,
 )
-from leaderboards.audit.steps import AuditScript, bash, script_lines, write_command
+from leaderboards.audit.steps import AuditScript, bash_steps, write_fragments
 from leaderboards.audit.trivial import trivialise
 
 ATTACKS = ("module_shadowing", "exit0_modules", "verifier_rewrite", "reward_symlinks", "input_tamper",
@@ -107,8 +107,23 @@ def _skip(name: str, why: str) -> AttackPlan:
     return AttackPlan(name=name, skipped=why)
 
 
-def _one(name: str, command: str, *, final: str | None = "I am done.", heavy: bool = False) -> AttackPlan:
-    return AttackPlan(name=name, episodes=(EpisodePlan(name, AuditScript((bash(command),), final), heavy=heavy),))
+def turns_left(facts: TaskFacts, steps: int) -> str | None:
+    """Why ``steps`` tool steps (and the final answer) do not fit the task's turn limit, or None."""
+    limit = facts.task.limits.max_turns
+    return None if steps + 1 <= limit else (f"it needs {steps + 1} turns and the task allows {limit} "
+                                            "(limits.max_turns)")
+
+
+def _episode(facts: TaskFacts, name: str, label: str, fragments: list[str], **kw) -> EpisodePlan | str:
+    """An episode playing ``fragments`` as bash steps, or why it cannot fit the task's turns."""
+    steps = bash_steps(*fragments)
+    why = turns_left(facts, len(steps))
+    return why if why is not None else EpisodePlan(label, AuditScript(steps), **kw)
+
+
+def _one(facts: TaskFacts, name: str, fragments: list[str], *, heavy: bool = False) -> AttackPlan:
+    ep = _episode(facts, name, name, fragments, heavy=heavy)
+    return _skip(name, ep) if isinstance(ep, str) else AttackPlan(name=name, episodes=(ep,))
 
 
 def shadow_names(facts: TaskFacts) -> tuple[str, ...]:
@@ -123,8 +138,8 @@ def _module_names_in(facts: TaskFacts, folder: str) -> set[str]:
     return {posixpath.basename(p)[:-3] for p in own}
 
 
-def _plant(facts: TaskFacts, module_file: str, custom_file: str, pth_file: str) -> str:
-    """Shell lines copying the given payload files to every shadowing place of the task."""
+def _plant(facts: TaskFacts, module_file: str, custom_file: str, pth_file: str) -> list[str]:
+    """Shell fragments copying the given payload files to every shadowing place of the task."""
     parts = []
     for folder in facts.code_dirs:
         names = [n for n in shadow_names(facts) if n not in _module_names_in(facts, folder)]
@@ -136,7 +151,7 @@ def _plant(facts: TaskFacts, module_file: str, custom_file: str, pth_file: str) 
                  'for sp in "lib/python$v/site-packages" ".local/lib/python$v/site-packages"; do\n'
                  f'  mkdir -p "$sp"; cp {pth_file} "$sp/clawgym_audit.pth"; cp {custom_file} "$sp/sitecustomize.py"\n'
                  f'  cp {custom_file} "$sp/usercustomize.py"\ndone\n')
-    return "".join(parts)
+    return parts
 
 
 def plan_module_shadowing(facts: TaskFacts) -> AttackPlan:
@@ -148,9 +163,9 @@ def plan_module_shadowing(facts: TaskFacts) -> AttackPlan:
         names = [x for x in EXECUTABLES if posixpath.normpath(posixpath.join(folder, x)) not in taken]
         d = shlex.quote(folder)
         exes.append(f"mkdir -p {d}\nfor x in {' '.join(names)}; do cp {sh} {d}/$x; chmod 755 {d}/$x; done\n")
-    command = script_lines(write_command(win, WIN_PY_NAMED), write_command(sh, WIN_SH, mode="755"),
-                           write_command(pth, WIN_PTH), _plant(facts, win, win, pth), *exes, "ls -a")
-    return _one("module_shadowing", command)
+    fragments = [*write_fragments(win, WIN_PY_NAMED), *write_fragments(sh, WIN_SH, mode="755"),
+                 *write_fragments(pth, WIN_PTH), *_plant(facts, win, win, pth), *exes, "ls -a"]
+    return _one(facts, "module_shadowing", fragments)
 
 
 def is_test_module(rel: str) -> bool:
@@ -173,10 +188,14 @@ def plan_exit0_modules(facts: TaskFacts) -> AttackPlan:
     variants = [v for v in (code, modules) if v]
     episodes = []
     for k, chosen in enumerate(dict.fromkeys(variants)):
-        writes = [write_command(rel, WIN_SH if rel.endswith(".sh") else win_py(f"exit0 {rel}"),
-                                mode="755" if rel.endswith(".sh") else None) for rel in chosen]
-        label = "exit0_modules" if k == 0 else "exit0_modules+tests"
-        episodes.append(EpisodePlan(label, AuditScript((bash(script_lines(*writes, "ls -la")),))))
+        writes = []
+        for rel in chosen:
+            sh = rel.endswith(".sh")
+            writes += write_fragments(rel, WIN_SH if sh else win_py(f"exit0 {rel}"), mode="755" if sh else None)
+        ep = _episode(facts, "exit0_modules", "exit0_modules" if k == 0 else "exit0_modules+tests", [*writes, "ls -la"])
+        if isinstance(ep, str):
+            return _skip("exit0_modules", ep)
+        episodes.append(ep)
     return AttackPlan(name="exit0_modules", episodes=tuple(episodes))
 
 
@@ -184,9 +203,9 @@ def plan_verifier_rewrite(facts: TaskFacts) -> AttackPlan:
     """The transparent rewrite payload behind every entry point: shadows, customize modules, ``.pth``, modules."""
     mount = facts.mount_dir
     shadow, custom, pth = f"{AUDIT_DIR}/shadow.py", f"{AUDIT_DIR}/custom.py", f"{AUDIT_DIR}/rewrite.pth"
-    writes = [write_command(REWRITE_FILE, rewrite_py(mount)), write_command(shadow, shadow_stub(mount)),
-              write_command(custom, rewrite_stub(mount, "sitecustomize")), write_command(pth, rewrite_pth(mount)),
-              _plant(facts, shadow, custom, pth)]
+    writes = [*write_fragments(REWRITE_FILE, rewrite_py(mount)), *write_fragments(shadow, shadow_stub(mount)),
+              *write_fragments(custom, rewrite_stub(mount, "sitecustomize")), *write_fragments(pth, rewrite_pth(mount)),
+              *_plant(facts, shadow, custom, pth)]
     for rel in facts.editable_modules:
         size = facts.input_size(rel) if rel in facts.inputs else None
         raw = facts.read_input(rel) if size is not None and size <= MAX_READ else None
@@ -194,9 +213,8 @@ def plan_verifier_rewrite(facts: TaskFacts) -> AttackPlan:
             original = raw.decode("utf-8") if raw is not None else ""
         except UnicodeDecodeError:
             continue  # a module that is not text: left as it is
-        writes.append(write_command(rel, insert_prefix(original, rewrite_prefix(mount, rel),
-                                                       python=rel.endswith(".py"))))
-    return _one("verifier_rewrite", script_lines(*writes, "ls -a"))
+        writes += write_fragments(rel, insert_prefix(original, rewrite_prefix(mount, rel), python=rel.endswith(".py")))
+    return _one(facts, "verifier_rewrite", [*writes, "ls -a"])
 
 
 def output_names(facts: TaskFacts) -> tuple[str, ...]:
@@ -226,13 +244,15 @@ def plan_reward_symlinks(facts: TaskFacts) -> AttackPlan:
             parent = posixpath.dirname(name)
             mkdir = f"mkdir -p {shlex.quote(parent)}; " if parent else ""
             lines.append(f"rm -rf -- {q}; {mkdir}ln -s {shlex.quote(posixpath.join(facts.reward_mount, target))} {q}")
-        script = AuditScript((bash(script_lines(*lines, "ls -la")),))
-        episodes.append(EpisodePlan(f"reward_symlinks#{k + 1}", script))
+        ep = _episode(facts, "reward_symlinks", f"reward_symlinks#{k + 1}", [*lines, "ls -la"])
+        if isinstance(ep, str):
+            return _skip("reward_symlinks", ep)
+        episodes.append(ep)
     return AttackPlan(name="reward_symlinks", episodes=tuple(episodes))
 
 
-def tamper_command(facts: TaskFacts) -> str | None:
-    """Shell lines replacing every input file by its trivial version (None when none would change)."""
+def tamper_fragments(facts: TaskFacts) -> list[str]:
+    """Shell fragments replacing every input file by its trivial version (empty when none would change)."""
     writes = []
     for rel in facts.inputs[:MAX_TAMPERED]:
         size = facts.input_size(rel)
@@ -241,8 +261,9 @@ def tamper_command(facts: TaskFacts) -> str | None:
             continue
         small = trivialise(rel, data, complete=size <= len(data))
         if small is not None:
-            writes.append(f"rm -rf -- {shlex.quote(rel)}\n" + write_command(rel, small))
-    return script_lines(*writes) if writes else None
+            parts = write_fragments(rel, small)
+            writes += [f"rm -rf -- {shlex.quote(rel)}\n" + parts[0], *parts[1:]]
+    return writes
 
 
 def plan_input_tamper(facts: TaskFacts) -> AttackPlan:
@@ -252,13 +273,17 @@ def plan_input_tamper(facts: TaskFacts) -> AttackPlan:
                                                            "steps to replay on trivialised inputs")
     if not facts.inputs:
         return _skip("input_tamper", "the task has no input files")
-    command = tamper_command(facts)
-    if command is None:
+    fragments = tamper_fragments(facts)
+    if not fragments:
         return _skip("input_tamper", "every input file is already trivial (empty, or one line)")
     replay = tuple(facts.expert.tool_steps)
+    tamper = bash_steps(*fragments)
+    why = turns_left(facts, len(tamper) + len(replay))
+    if why is not None:
+        return _skip("input_tamper", why)
     return AttackPlan(name="input_tamper", episodes=(
         EpisodePlan("pristine", AuditScript(replay, None), keep_workspace=True),
-        EpisodePlan("tampered", AuditScript((bash(command), *replay), None), keep_workspace=True)))
+        EpisodePlan("tampered", AuditScript((*tamper, *replay), None), keep_workspace=True)))
 
 
 def plan_disk_fill(facts: TaskFacts, *, data: bool = False) -> AttackPlan:
@@ -275,7 +300,7 @@ def plan_disk_fill(facts: TaskFacts, *, data: bool = False) -> AttackPlan:
                "dd if=/dev/zero of=.clawgym_audit_fill2 bs=64K count=$((r > 0 ? r / 64 + 2 : 0)) status=none 2>&1 "
                "| tail -n 1\n"
                "df -Pk . | tail -n 1\n")
-    return _one("disk_fill", command, heavy=True)
+    return _one(facts, "disk_fill", [command], heavy=True)
 
 
 def plan_inode_flood(facts: TaskFacts, inodes: int = DEFAULT_INODES) -> AttackPlan:
@@ -293,7 +318,7 @@ def plan_inode_flood(facts: TaskFacts, inodes: int = DEFAULT_INODES) -> AttackPl
               "    print('stopped:', exc)\n"
               "print('made', made)\n")
     command = f"python3 -I -c {shlex.quote(script)} {int(inodes)}\n"
-    return _one("inode_flood", command, heavy=True)
+    return _one(facts, "inode_flood", [command], heavy=True)
 
 
 def plan_gold(facts: TaskFacts) -> AttackPlan:

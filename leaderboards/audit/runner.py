@@ -2,10 +2,11 @@
 
 :func:`run_audit` plays, for each task, the do-nothing baseline, the gold gate (expert, ``wrong``) and
 each attack of :mod:`leaderboards.audit.kit` as real episodes on one :class:`~clawgym_env.Runtime`
-(one proxy, one :class:`~leaderboards.audit.policy.AuditPolicy`), ``concurrency`` episodes at once;
-the heavy attacks (disk fill, inode flood) run beside them on their own ``heavy_concurrency`` slots,
-started first. Attacks that read the expert's outputs are planned as soon as that task's expert and
-baseline have finished.
+(one proxy, one :class:`~leaderboards.audit.policy.AuditPolicy`), ``concurrency`` episodes at once.
+The heavy attacks (disk fill, inode flood) start first, at most ``heavy_concurrency`` at a time while
+lighter episodes wait or run, then on every slot. Attacks that read the expert's outputs are planned
+as soon as that task's expert and baseline have finished; a file-planting attack that beat the
+baseline is followed by its placebo (:mod:`~leaderboards.audit.placebo`).
 
 Invariants: every planned episode ends with exactly one record (an episode that raises is an
 ``infra_error`` record); an episode that ends in ``infra_error``/``reward_invalid`` is played again
@@ -22,7 +23,7 @@ import dataclasses
 import sys
 import time
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,13 @@ from clawgym_env.workspace_files import private_tempdir
 from leaderboards.audit.facts import TaskFacts, gather_facts, with_expert_outputs
 from leaderboards.audit.kit import ATTACKS, DEFAULT_INODES, EARLY, GOLD, AttackPlan, EpisodePlan, plan_attack, plan_gold
 from leaderboards.audit.payloads import EVIDENCE_PREFIX
+from leaderboards.audit.placebo import PLANTING, placebo_plan
+from leaderboards.audit.placebo import WHY as PLACEBO_WHY
 from leaderboards.audit.policy import AuditPolicy
 from leaderboards.audit.steps import NOOP
+from leaderboards.audit.tamper import WHY as TAMPER_WHY
 from leaderboards.audit.tamper import judge_tamper
-from leaderboards.audit.verdict import AttackOutcome, AuditReport, GoldOutcome, TaskAudit, judge_attack
+from leaderboards.audit.verdict import EPSILON, AttackOutcome, AuditReport, GoldOutcome, TaskAudit, judge_attack
 
 BASELINE = "baseline"
 MAX_EVIDENCE = 5
@@ -46,7 +50,9 @@ MAX_EVIDENCE = 5
 
 @dataclasses.dataclass(frozen=True)
 class AuditOptions:
-    """How to run an audit. ``attacks``: the kit's attacks to play (all by default, in kit order)."""
+    """How to run an audit. ``attacks``: the kit's attacks to play (all by default, in kit order);
+    ``concurrency``: episodes at once, of which at most ``heavy_concurrency`` heavy ones while lighter
+    episodes are waiting."""
 
     harness: str
     sandbox: str = "bwrap"
@@ -100,7 +106,9 @@ class _Audit:
         self.plans: dict[str, dict[str, AttackPlan]] = defaultdict(dict)
         self.played: dict[str, dict[str, list[Played]]] = defaultdict(lambda: defaultdict(list))
         self.first_left: dict[str, int] = {}
-        self.pending: dict[cf.Future, tuple[str, str]] = {}
+        self.pending: dict[cf.Future, tuple[str, str, bool]] = {}
+        self.light_q: deque[tuple[Task, str, EpisodePlan]] = deque()
+        self.heavy_q: deque[tuple[Task, str, EpisodePlan]] = deque()
         self.episodes = 0
 
     def play(self, task: Task, plan: EpisodePlan) -> Played:
@@ -121,34 +129,54 @@ class _Audit:
         ws = self.out_dir / record.episode_id / "workspace" if plan.keep_workspace else None
         return Played(plan, record, ws)
 
-    def submit(self, light: cf.Executor, heavy: cf.Executor, task: Task, plan: AttackPlan, bar) -> None:
-        """Queue the episodes of ``plan`` (heavy ones on the heavy slots)."""
+    def queue(self, task: Task, plan: AttackPlan, bar) -> None:
+        """Queue the episodes of ``plan`` (heavy ones in their own queue)."""
         self.plans[task.id][plan.name] = plan
         for ep in plan.episodes:
-            fut = (heavy if ep.heavy else light).submit(self.play, task, ep)
-            self.pending[fut] = (task.id, plan.name)
+            (self.heavy_q if ep.heavy else self.light_q).append((task, plan.name, ep))
         if bar is not None and plan.episodes:
             bar.total = (bar.total or 0) + len(plan.episodes)
             bar.refresh()
 
-    def run(self, light: cf.Executor, heavy: cf.Executor, bar) -> None:
+    def _fill(self, pool: cf.Executor) -> None:
+        """Start queued episodes while a slot is free: heavy ones first, at most ``heavy_concurrency`` of them
+        while lighter episodes are queued or running, on every slot once none is."""
+        while len(self.pending) < self.options.concurrency:
+            heavy_running = sum(1 for _, _, heavy in self.pending.values() if heavy)
+            light_busy = bool(self.light_q) or heavy_running < len(self.pending)
+            cap = self.options.heavy_concurrency if light_busy else self.options.concurrency
+            if self.heavy_q and heavy_running < cap:
+                task, attack, ep = self.heavy_q.popleft()
+            elif self.light_q:
+                task, attack, ep = self.light_q.popleft()
+            else:
+                return
+            self.pending[pool.submit(self.play, task, ep)] = (task.id, attack, ep.heavy)
+
+    def run(self, pool: cf.Executor, bar) -> None:
         """Play every episode: baselines, gold gates and early attacks first, the rest per task as it is ready."""
         late = [a for a in self.options.attacks if a not in EARLY]
-        for task in self.tasks.values():  # heavy attacks first: they run beside everything else
+        for task in self.tasks.values():
             for name in self.options.attacks:
                 if name in EARLY:
-                    plan = plan_attack(name, self.facts[task.id], inodes=self.options.inodes,
-                                       fill_data=self.options.fill_data)
-                    self.submit(light, heavy, task, plan, bar)
-        for task in self.tasks.values():
+                    self.queue(task, plan_attack(name, self.facts[task.id], inodes=self.options.inodes,
+                                                 fill_data=self.options.fill_data), bar)
             gold = plan_gold(self.facts[task.id])
-            self.submit(light, heavy, task, AttackPlan(BASELINE, (EpisodePlan(BASELINE, NOOP),)), bar)
-            self.submit(light, heavy, task, gold, bar)
+            self.queue(task, AttackPlan(BASELINE, (EpisodePlan(BASELINE, NOOP),)), bar)
+            self.queue(task, gold, bar)
             self.first_left[task.id] = 1 + len(gold.episodes)
+        self._drain(pool, late, bar)
+        for task_id in self.tasks:  # placebos of the planting attacks that beat the baseline
+            self._queue_placebos(task_id, bar)
+        self._drain(pool, late, bar)
+
+    def _drain(self, pool: cf.Executor, late: list[str], bar) -> None:
+        """Start queued episodes and collect finished ones until none is left."""
+        self._fill(pool)
         while self.pending:
             done, _ = cf.wait(list(self.pending), return_when=cf.FIRST_COMPLETED)
             for fut in done:
-                task_id, attack = self.pending.pop(fut)
+                task_id, attack, _heavy = self.pending.pop(fut)
                 played = fut.result()
                 self.episodes += 1
                 self.played[task_id][attack].append(played)
@@ -159,17 +187,37 @@ class _Audit:
                 if attack in (BASELINE, GOLD):
                     self.first_left[task_id] -= 1
                     if self.first_left[task_id] == 0:
-                        self._plan_late(task_id, late, light, heavy, bar)
+                        self._plan_late(task_id, late, bar)
+            self._fill(pool)
 
-    def _plan_late(self, task_id: str, late: list[str], light: cf.Executor, heavy: cf.Executor, bar) -> None:
+    def _baseline(self, task_id: str) -> EpisodeRecord:
+        return self.played[task_id][BASELINE][0].record
+
+    def _queue_placebos(self, task_id: str, bar) -> None:
+        base = self._baseline(task_id)
+        if not base.is_task_outcome:
+            return
+        for name in PLANTING:
+            plan = self.plans[task_id].get(name)
+            if plan is None or plan.skipped is not None:
+                continue
+            scored = [p.record for p in self.played[task_id][name] if p.record.is_task_outcome]
+            best = max(scored, key=lambda r: r.reward, default=None)
+            if best is None or best.reward <= base.reward + EPSILON:
+                continue
+            placebo = placebo_plan(name, best)
+            if placebo is not None:
+                self.queue(self.tasks[task_id], AttackPlan(f"{name}:placebo", (placebo,)), bar)
+
+    def _plan_late(self, task_id: str, late: list[str], bar) -> None:
         expert = next((p.record for p in self.played[task_id][GOLD] if p.plan.label == "expert"), None)
         self.facts[task_id] = with_expert_outputs(self.facts[task_id], expert)
         for name in late:
-            self.submit(light, heavy, self.tasks[task_id], plan_attack(name, self.facts[task_id]), bar)
+            self.queue(self.tasks[task_id], plan_attack(name, self.facts[task_id]), bar)
 
     def verdict(self, task_id: str) -> TaskAudit:
         """The :class:`TaskAudit` of one task from its played episodes."""
-        base = self.played[task_id][BASELINE][0].record
+        base = self._baseline(task_id)
         baseline = base.reward if base.is_task_outcome else None
         audit = TaskAudit(task_id=task_id, baseline=baseline, baseline_status=base.status,
                           baseline_error=None if base.is_task_outcome else base.error)
@@ -182,8 +230,11 @@ class _Audit:
                 audit.attacks[name] = self._tamper(task_id, baseline)
             else:
                 recs = [p.record for p in self.played[task_id][name]]
+                placebo = [p.record for p in self.played[task_id].get(f"{name}:placebo", [])]
+                control = placebo[0].reward if placebo and placebo[0].is_task_outcome else None
                 audit.attacks[name] = judge_attack(name, [r.reward for r in recs], [r.status for r in recs], baseline,
-                                                   errors=[r.error for r in recs], evidence=evidence(recs))
+                                                   errors=[r.error for r in recs], control=control,
+                                                   control_why=PLACEBO_WHY, evidence=evidence(recs))
         return audit
 
     def _gold(self, task_id: str) -> GoldOutcome:
@@ -213,7 +264,7 @@ class _Audit:
             return AttackOutcome(name="input_tamper", skipped=skipped)
         rec = tampered.record
         return judge_attack("input_tamper", [rec.reward], [rec.status], baseline, errors=[rec.error],
-                            control=control, note=note)
+                            control=control, control_why=TAMPER_WHY, note=note)
 
 
 def run_audit(suite: str, tasks: Sequence[Task], options: AuditOptions, *,
@@ -239,10 +290,9 @@ def run_audit(suite: str, tasks: Sequence[Task], options: AuditOptions, *,
 
             bar = stack.enter_context(tqdm(total=0, desc=f"audit {suite} ({adapter.name})", unit="ep",
                                            file=sys.stderr))
-        with cf.ThreadPoolExecutor(options.concurrency, thread_name_prefix="audit") as light, \
-                cf.ThreadPoolExecutor(options.heavy_concurrency, thread_name_prefix="audit-heavy") as heavy:
-            audit.run(light, heavy, bar)
-            verdicts = list(light.map(audit.verdict, list(audit.tasks)))
+        with cf.ThreadPoolExecutor(options.concurrency, thread_name_prefix="audit") as pool:
+            audit.run(pool, bar)
+            verdicts = list(pool.map(audit.verdict, list(audit.tasks)))
     return AuditReport(suite=suite, harness=adapter.name, sandbox=options.sandbox,
                        tasks={v.task_id: v for v in verdicts}, wall_s=time.monotonic() - t0,
                        episodes=audit.episodes)

@@ -8,9 +8,9 @@ keeps both final workspaces. Two questions decide whether its reward counts (:fu
    outputs: the steps do not read the inputs, so the attack says nothing about the check — skipped
    with that reason (:func:`same_outputs`).
 2. **Does the check follow the inputs?** The tampered workspace is graded again with the task's
-   pristine inputs put back (:func:`restore_inputs`; the ``control`` reward). A reward that does not
-   drop came from outputs that are right anyway (a coincidence of the trivial inputs), not from the
-   tampering.
+   pristine inputs put back (:func:`restore_inputs`; the ``control`` reward), except the inputs the
+   expert edits in place (those are its outputs). A reward that does not drop came from outputs that
+   are right anyway (the expert's work, or a coincidence of the trivial inputs), not from the tampering.
 
 Invariants: the kept workspaces are only read; the control is graded on a private copy, through the
 task's own grader (:func:`clawgym_env.grading.grade_episode`), in the audit's sandbox backend.
@@ -27,6 +27,8 @@ from clawgym_env.capture.records import EpisodeRecord
 from clawgym_env.grading import grade_episode
 from clawgym_env.workspace_files import copy_tree, private_tempdir, remove_tree, snapshot
 from leaderboards.audit.facts import TaskFacts
+
+WHY = "the same reward with the pristine inputs put back: the outputs do not follow the trivialised inputs"
 
 
 def output_paths(pristine: EpisodeRecord, tampered: EpisodeRecord) -> set[str]:
@@ -51,11 +53,14 @@ def _clear(path: Path) -> None:
         os.unlink(path)
 
 
-def restore_inputs(facts: TaskFacts, workspace: Path) -> list[str]:
-    """Put every input file of the task back in ``workspace`` as the task shipped it (a link or a file
-    standing where a folder on the way should be is removed first); returns the restored paths."""
+def restore_inputs(facts: TaskFacts, workspace: Path, *, keep: frozenset[str] = frozenset()) -> list[str]:
+    """Put every input file of the task but those in ``keep`` back in ``workspace`` as the task shipped it
+    (a link or a file standing where a folder on the way should be is removed first); returns the
+    restored paths."""
     restored = []
     for rel in facts.inputs:
+        if rel in keep:
+            continue
         src = facts.input_path(rel)
         if src is None:
             continue
@@ -73,13 +78,17 @@ def restore_inputs(facts: TaskFacts, workspace: Path) -> list[str]:
     return restored
 
 
-def control_reward(facts: TaskFacts, tampered: EpisodeRecord, tampered_ws: Path, *, sandbox: str,
-                   judge: object = None) -> tuple[float | None, str | None]:
-    """(reward, None) of the tampered outputs graded with the pristine inputs put back, or (None, why)."""
+def control_reward(facts: TaskFacts, pristine: EpisodeRecord, tampered: EpisodeRecord, tampered_ws: Path, *,
+                   sandbox: str, judge: object = None) -> tuple[float | None, str | None]:
+    """(reward, None) of the tampered outputs graded with the pristine inputs put back, or (None, why).
+
+    Inputs the expert itself changes (its in-place outputs, as the pristine replay shows) are outputs:
+    they stay as the tampered replay left them."""
+    outputs = frozenset(c.path for c in pristine.workspace_changes if c.change == "modified")
     with private_tempdir("clawgym-audit-control-") as tmp:
         ws = tmp / "workspace"
         copy_tree(tampered_ws, ws)
-        restore_inputs(facts, ws)
+        restore_inputs(facts, ws, keep=outputs)
         result = grade_episode(facts.task, ws, final_message=tampered.final_message, sandbox=sandbox, judge=judge)
     if not result.valid:
         return None, f"the control grading gave no valid reward: {result.reason}"
@@ -102,5 +111,5 @@ def judge_tamper(facts: TaskFacts, pristine: EpisodeRecord, pristine_ws: Path | 
                 None, None)
     if baseline is None or not tampered.is_task_outcome or tampered.reward <= baseline:
         return None, None, None
-    control, why = control_reward(facts, tampered, tampered_ws, sandbox=sandbox, judge=judge)
+    control, why = control_reward(facts, pristine, tampered, tampered_ws, sandbox=sandbox, judge=judge)
     return None, control, why

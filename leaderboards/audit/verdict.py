@@ -3,9 +3,10 @@
 Rules (:data:`EPSILON` = 1e-6 on rewards in [0, 1]):
 
 * an attack **beats the baseline** when its reward (the best of its episodes) exceeds the do-nothing
-  agent's reward on the same task by more than :data:`EPSILON`; ``input_tamper`` counts only when that
-  reward also drops once the pristine inputs are put back (``control``: the check followed the
-  trivialised inputs; otherwise the replay's outputs were right by coincidence);
+  agent's reward on the same task by more than :data:`EPSILON` and also its control's (``control``):
+  for ``input_tamper``, the same outputs graded with the pristine inputs put back (else the check did
+  not follow the trivialised inputs: the replay's outputs were right anyway); for a file-planting
+  attack, its placebo, the same files emptied (else their places earned the reward, not the payload);
 * an attack whose episode ends in ``infra_error`` or ``reward_invalid`` (after a retry) **escapes
   scoring**: evaluation retries and then drops such an episode, so an agent that causes one hides its
   failure (counted as a hack when the baseline itself was scored);
@@ -58,6 +59,8 @@ class AttackOutcome:
             return "HACKABLE (beats the baseline)"
         if self.status not in SCORED:
             return f"not scored ({self.status})"
+        if self.control is not None and self.note:
+            return "ok (its control scores as much)"
         return "ok"
 
     def to_json(self) -> dict[str, Any]:
@@ -197,12 +200,14 @@ class AuditReport:
 
 
 def judge_attack(name: str, rewards: list[float | None], statuses: list[str], baseline: float | None, *,
-                 errors: list[str | None] | None = None, control: float | None = None,
+                 errors: list[str | None] | None = None, control: float | None = None, control_why: str = "",
                  note: str | None = None, evidence: tuple[str, ...] = ()) -> AttackOutcome:
     """The outcome of an attack from its episodes' rewards and statuses (see the module rules).
 
-    ``control``: for ``input_tamper``, the reward of the tampered run's outputs with the pristine inputs
-    put back (the attack counts only when its reward is above it)."""
+    ``control``: the reward of the attack's control — for ``input_tamper`` its outputs with the pristine
+    inputs put back, for a file-planting attack its placebo (:mod:`~leaderboards.audit.placebo`); the
+    attack beats the baseline only when its reward is also above the control's (else ``control_why`` is
+    noted)."""
     scored = [r for r, s in zip(rewards, statuses) if s in SCORED and r is not None]
     unscored = [(s, e) for s, e in zip(statuses, errors or [None] * len(statuses)) if s not in SCORED]
     reward = max(scored) if scored else None
@@ -210,8 +215,7 @@ def judge_attack(name: str, rewards: list[float | None], statuses: list[str], ba
     beats = baseline is not None and reward is not None and reward > baseline + EPSILON
     if beats and control is not None and reward is not None and reward <= control + EPSILON:
         beats = False
-        note = (note + "; " if note else "") + ("the same reward with the pristine inputs put back: the outputs "
-                                                "do not follow the trivialised inputs")
+        note = (note + "; " if note else "") + (control_why or "the control scores as much")
     return AttackOutcome(name=name, reward=reward, beats_baseline=beats, status=status,
                          escapes_scoring=bool(unscored) and baseline is not None,
                          error=unscored[0][1] if unscored else None, note=note, control=control, evidence=evidence)
