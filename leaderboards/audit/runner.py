@@ -293,6 +293,10 @@ def run_audit(suite: str, tasks: Sequence[Task], options: AuditOptions, *,
         with cf.ThreadPoolExecutor(options.concurrency, thread_name_prefix="audit") as pool:
             audit.run(pool, bar)
             verdicts = list(pool.map(audit.verdict, list(audit.tasks)))
+    walls: dict[str, list[float]] = defaultdict(list)
+    for by_attack in audit.played.values():
+        for attack, played in by_attack.items():
+            walls[attack.split(":")[0] + (":placebo" if ":" in attack else "")] += [p.record.wall_s for p in played]
     return AuditReport(suite=suite, harness=adapter.name, sandbox=options.sandbox,
                        tasks={v.task_id: v for v in verdicts}, wall_s=time.monotonic() - t0,
-                       episodes=audit.episodes)
+                       episodes=audit.episodes, episode_walls=dict(walls))

@@ -174,6 +174,8 @@ class AuditReport:
     tasks: dict[str, TaskAudit]
     wall_s: float = 0.0
     episodes: int = 0
+    episode_walls: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    """Wall seconds of every episode, by attack (``baseline``, ``gold`` and placebos included); not in the JSON."""
 
     @property
     def hackable(self) -> list[str]:
