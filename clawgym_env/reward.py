@@ -54,6 +54,7 @@ from clawgym_env.guest import SOCKET_NAME, GuestBroker
 from clawgym_env.reward_links import drop_links_into_reward
 from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend
 from clawgym_env.task_inputs import restore_protected
+from clawgym_env.tree_walk import iter_entries
 
 PAYLOAD_PATH = "/tmp/clawgym-reward-payload.json"
 GRADER_SITE_DIR = "/run/clawgym-grader"
@@ -273,12 +274,14 @@ def _prepare_for_grading(task: Any, ws: Path) -> list[str]:
 def seal_tree(root: Path) -> None:
     """Make the host copy ``root`` readable by anyone and writable by no one but its owner (this process):
     folders 0555, files 0444 (0555 when executable); the grading sandbox also mounts it read-only."""
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            if not os.path.islink(path):
-                os.chmod(path, 0o555 if os.stat(path).st_mode & 0o111 else 0o444)
-        os.chmod(dirpath, 0o555)
+    for entry in [*iter_entries(root)]:
+        if entry.is_symlink():
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            os.chmod(entry.path, 0o555)
+        else:
+            os.chmod(entry.path, 0o555 if entry.stat(follow_symlinks=False).st_mode & 0o111 else 0o444)
+    os.chmod(root, 0o555)
 
 
 class ScriptGrader:

@@ -23,6 +23,8 @@ import posixpath
 import stat
 from pathlib import Path
 
+from clawgym_env.tree_walk import iter_entries
+
 MAX_HOPS = 40
 """Longest chain of links resolved before a link counts as a loop (the kernel's own limit)."""
 _PROCESS_RELATIVE = ("/proc", "/dev")
@@ -83,19 +85,16 @@ def drop_links_into_reward(workspace: str | Path, mount: str, protected: str | N
     protected = protected or posixpath.join(mount, "reward")
     resolver = _Resolver(host, mount, protected)
     removed: list[str] = []
-    skip = host / posixpath.relpath(protected, mount)
-    for dirpath, dirnames, filenames in os.walk(host, followlinks=False):
-        if Path(dirpath) == skip:
-            dirnames[:] = []
+    skip = str(host / posixpath.relpath(protected, mount))
+    doomed: list[tuple[str, str, str]] = []
+    for entry in iter_entries(host):  # no recursion: an agent's 1,200-deep tree is fine
+        if entry.path == skip or entry.path.startswith(skip + os.sep) or not entry.is_symlink():
             continue
-        for name in filenames + dirnames:
-            full = os.path.join(dirpath, name)
-            if full == str(skip) or not os.path.islink(full):
-                continue
-            rel = os.path.relpath(full, host).replace(os.sep, "/")
-            why = resolver.verdict(posixpath.join(mount, rel))
-            if why is not None:
-                os.unlink(full)
-                removed.append(f"{rel}: {why}")
-        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        rel = os.path.relpath(entry.path, host).replace(os.sep, "/")
+        why = resolver.verdict(posixpath.join(mount, rel))
+        if why is not None:
+            doomed.append((entry.path, rel, why))
+    for path, rel, why in doomed:  # judged on the tree as the agent left it, then removed
+        os.unlink(path)
+        removed.append(f"{rel}: {why}")
     return removed

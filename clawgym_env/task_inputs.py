@@ -27,6 +27,7 @@ from pathlib import Path
 
 from clawgym_env.capture.records import InputChange
 from clawgym_env.task import Task
+from clawgym_env.tree_walk import iter_entries
 
 _CHUNK = 1 << 20
 
@@ -35,11 +36,9 @@ def input_files(input_dir: str | Path) -> list[str]:
     """Workspace-relative POSIX paths of the files under ``input_dir`` (links to files included), sorted."""
     root = Path(input_dir)
     out: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        rel_dir = os.path.relpath(dirpath, root)
-        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            out.append(rel.replace(os.sep, "/"))
+    for entry in iter_entries(root):  # no recursion, links never followed
+        if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
+            out.append(os.path.relpath(entry.path, root).replace(os.sep, "/"))
     return sorted(out)
 
 
