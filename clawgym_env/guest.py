@@ -10,7 +10,7 @@ requests on a unix socket that only the grading sandbox sees, one at a time:
   ``files``; no proxy, no network; the sandbox and its copy are gone when the answer is sent;
 * its timeout is the smaller of the request's and what is left before the broker's ``deadline`` (the
   verifier's own), and at most ``max_runs`` requests are served per grading;
-* requests and answers are length-prefixed JSON, each at most :data:`MAX_MESSAGE` bytes; collected files
+* requests and answers are length-prefixed JSON, each at most :data:`~clawgym_env.guest_client.MAX_MESSAGE` bytes; collected files
   over :data:`MAX_COLLECT` bytes come back as ``None`` with a note in ``stderr``; a malformed request gets
   an ``error`` answer, never a crash of the grader.
 
@@ -28,7 +28,6 @@ import json
 import logging
 import posixpath
 import socket
-import struct
 import threading
 import time
 from collections.abc import Mapping
@@ -36,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import ClawGymError, SandboxError
+from clawgym_env.guest_client import recv_message, send_message
 from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE = 64 << 20
 MAX_COLLECT = 16 << 20
 SOCKET_NAME = "guest.sock"
 
@@ -113,31 +112,19 @@ class GuestBroker:
             with conn:
                 try:
                     conn.settimeout(max(1.0, self.deadline - time.monotonic()))
-                    answer = self._answer(conn)
-                    data = json.dumps(answer).encode()
-                    conn.sendall(struct.pack(">Q", len(data)) + data)
+                    send_message(conn, self._answer(conn))
                 except (OSError, ValueError) as exc:  # the verifier went away or sent garbage: its loss
                     log.info("guest broker: a connection failed: %s", exc)
 
-    def _read(self, conn: socket.socket) -> dict[str, Any]:
-        head = self._exact(conn, 8)
-        (n,) = struct.unpack(">Q", head)
-        if n > MAX_MESSAGE:
-            raise _BadRequest(f"request of {n} bytes is over the {MAX_MESSAGE}-byte limit")
-        req = json.loads(self._exact(conn, n))
+    @staticmethod
+    def _read(conn: socket.socket) -> dict[str, Any]:
+        try:
+            req = recv_message(conn)
+        except ConnectionError as exc:
+            raise _BadRequest(str(exc)) from None
         if not isinstance(req, dict):
             raise _BadRequest("a request is a JSON object")
         return req
-
-    @staticmethod
-    def _exact(conn: socket.socket, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = conn.recv(min(1 << 20, n - len(buf)))
-            if not chunk:
-                raise _BadRequest("the request ended early")
-            buf += chunk
-        return bytes(buf)
 
     def _answer(self, conn: socket.socket) -> dict[str, Any]:
         try:

@@ -55,7 +55,8 @@ class GuestResult:
     error: str | None = None
 
 
-def _send(sock: socket.socket, obj: Any) -> None:
+def send_message(sock: socket.socket, obj: Any) -> None:
+    """Send ``obj`` as one length-prefixed JSON message (the broker's wire format, both ways)."""
     data = json.dumps(obj).encode()
     if len(data) > MAX_MESSAGE:
         raise ValueError(f"guest request of {len(data)} bytes is over {MAX_MESSAGE}; pass fewer or smaller files")
@@ -72,7 +73,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _recv(sock: socket.socket) -> Any:
+def recv_message(sock: socket.socket) -> Any:
+    """Read one length-prefixed JSON message; ``ConnectionError`` when it ends early or is over the bound."""
     (n,) = struct.unpack(">Q", _recv_exact(sock, 8))
     if n > MAX_MESSAGE:
         raise ConnectionError(f"guest answer of {n} bytes is over {MAX_MESSAGE}")
@@ -102,8 +104,8 @@ def run(argv: Sequence[str], *, cwd: str | None = None, timeout: float = 60.0, s
            "collect": [str(c) for c in collect], "env": {str(k): str(v) for k, v in (env or {}).items()}}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(path)
-        _send(sock, req)
-        ans = _recv(sock)
+        send_message(sock, req)
+        ans = recv_message(sock)
     return GuestResult(returncode=int(ans.get("returncode", -1)), stdout=ans.get("stdout", ""),
                        stderr=ans.get("stderr", ""), timed_out=bool(ans.get("timed_out")),
                        files={k: (None if v is None else base64.b64decode(v)) for k, v in ans.get("files", {}).items()},
