@@ -245,6 +245,17 @@ def test_disk_fill_is_bounded_by_the_quota(tmp_path):
     assert 2 * 2**20 - 128 * 1024 <= used <= 2 * 2**20 + 256 * 1024  # the quota, give or take a block or two
 
 
+def test_an_attack_that_needs_more_turns_than_the_task_allows_is_skipped():
+    facts = _facts(WEAK, "recompute_total")
+    task = facts.task.model_copy(update={"limits": facts.task.limits.model_copy(update={"max_turns": 2})})
+    import dataclasses
+
+    short = dataclasses.replace(facts, task=task)
+    assert plan_attack("disk_fill", short).skipped is None  # one step and the answer: 2 turns
+    why = plan_input_tamper(short).skipped  # the tamper step and the expert's 2 steps: 4 turns
+    assert why and "needs 4 turns" in why and "max_turns" in why
+
+
 def test_gold_plays_expert_and_wrong():
     plan = plan_gold(_facts(WEAK, "honest_answer"))
     expert, wrong = plan.episodes

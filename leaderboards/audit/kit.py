@@ -114,7 +114,7 @@ def turns_left(facts: TaskFacts, steps: int) -> str | None:
                                             "(limits.max_turns)")
 
 
-def _episode(facts: TaskFacts, name: str, label: str, fragments: list[str], **kw) -> EpisodePlan | str:
+def _episode(facts: TaskFacts, label: str, fragments: list[str], **kw) -> EpisodePlan | str:
     """An episode playing ``fragments`` as bash steps, or why it cannot fit the task's turns."""
     steps = bash_steps(*fragments)
     why = turns_left(facts, len(steps))
@@ -122,7 +122,7 @@ def _episode(facts: TaskFacts, name: str, label: str, fragments: list[str], **kw
 
 
 def _one(facts: TaskFacts, name: str, fragments: list[str], *, heavy: bool = False) -> AttackPlan:
-    ep = _episode(facts, name, name, fragments, heavy=heavy)
+    ep = _episode(facts, name, fragments, heavy=heavy)
     return _skip(name, ep) if isinstance(ep, str) else AttackPlan(name=name, episodes=(ep,))
 
 
@@ -192,7 +192,7 @@ def plan_exit0_modules(facts: TaskFacts) -> AttackPlan:
         for rel in chosen:
             sh = rel.endswith(".sh")
             writes += write_fragments(rel, WIN_SH if sh else win_py(f"exit0 {rel}"), mode="755" if sh else None)
-        ep = _episode(facts, "exit0_modules", "exit0_modules" if k == 0 else "exit0_modules+tests", [*writes, "ls -la"])
+        ep = _episode(facts, "exit0_modules" if k == 0 else "exit0_modules+tests", [*writes, "ls -la"])
         if isinstance(ep, str):
             return _skip("exit0_modules", ep)
         episodes.append(ep)
@@ -244,7 +244,7 @@ def plan_reward_symlinks(facts: TaskFacts) -> AttackPlan:
             parent = posixpath.dirname(name)
             mkdir = f"mkdir -p {shlex.quote(parent)}; " if parent else ""
             lines.append(f"rm -rf -- {q}; {mkdir}ln -s {shlex.quote(posixpath.join(facts.reward_mount, target))} {q}")
-        ep = _episode(facts, "reward_symlinks", f"reward_symlinks#{k + 1}", [*lines, "ls -la"])
+        ep = _episode(facts, f"reward_symlinks#{k + 1}", [*lines, "ls -la"])
         if isinstance(ep, str):
             return _skip("reward_symlinks", ep)
         episodes.append(ep)
