@@ -174,9 +174,13 @@ def test_builtin_tasks_are_not_hackable():
 def test_weak_suite_under_docker():
     require_engine()
     code, out, data = audit_cli("--suite", str(WEAK), "--harness", "mini", "--sandbox", "docker",
-                                "--attack", "exit0_modules", "input_tamper", "module_shadowing")
+                                "--attack", "exit0_modules", "input_tamper", "module_shadowing", "disk_fill",
+                                "inode_flood", "--inodes", SMALL_FLOOD)
     assert data["sandbox"] == "docker"
     assert (code, data["hackable"]) == (1, ["recompute_total", "trusts_exit_code"]), out
+    for tid, task in data["tasks"].items():
+        for name in ("disk_fill", "inode_flood"):
+            assert "status" not in task["attacks"][name], (tid, name, task["attacks"][name])
 
 
 @pytest.mark.slow
