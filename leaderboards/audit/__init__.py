@@ -11,8 +11,9 @@ Modules: :mod:`~leaderboards.audit.facts` (what an adversary may know of a task)
 (trivial inputs), :mod:`~leaderboards.audit.steps` (scripts), :mod:`~leaderboards.audit.kit` (the
 adversaries), :mod:`~leaderboards.audit.policy` (one policy, a script per episode),
 :mod:`~leaderboards.audit.runner` (the episodes, concurrently), :mod:`~leaderboards.audit.tamper`
-(judging the tampering), :mod:`~leaderboards.audit.verdict` (records, rules, JSON) and
-:mod:`~leaderboards.audit.table` (the text report).
+(judging the tampering), :mod:`~leaderboards.audit.placebo` (the control of a file-planting attack),
+:mod:`~leaderboards.audit.verdict` (records, rules, JSON) and :mod:`~leaderboards.audit.table` (the text
+report).
 """
 
 from leaderboards.audit.kit import ATTACKS, DEFAULT_INODES
