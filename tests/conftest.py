@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+collect_ignore_glob = ["fixtures/*"]
+"""Task folders used as test data (their input files may hold tests that fail on purpose) are never collected."""
+
 
 @pytest.fixture(scope="session")
 def tokenizer():
