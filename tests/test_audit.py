@@ -188,7 +188,8 @@ def test_weak_suite_under_docker():
 def test_whole_builtin_suite_is_not_hackable():
     """The whole kit against every builtin task, with an inode flood of 20,000 files instead of the default
     100,001 (which alone takes about 13 of the default audit's 17 minutes here, most of it copying the files
-    again into each guest; the full-size flood is an episode test of its own, tests/test_agent_resources_episodes.py)."""
+    again into each guest; the full-size flood is an episode test of its own:
+    tests/test_agent_resources_episodes.py)."""
     code, out, data = audit_cli("--suite", "builtin", "--harness", "mini", "--inodes", "20000", timeout=2900)
     check_schema(data)
     assert len(data["tasks"]) == 28
