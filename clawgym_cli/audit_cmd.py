@@ -35,9 +35,9 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     au.add_argument("--harness", required=True, help="the harness the adversaries play through (e.g. mini)")
     au.add_argument("--sandbox", default="bwrap", choices=["bwrap", "docker"])
     au.add_argument("--json", action="store_true", help="end with the report as one JSON line")
-    au.add_argument("--concurrency", type=int, default=2, help="episodes at once (besides the heavy ones)")
+    au.add_argument("--concurrency", type=int, default=2, help="episodes at once")
     au.add_argument("--heavy-concurrency", dest="heavy_concurrency", type=int, default=1,
-                    help="disk-fill and inode-flood episodes at once")
+                    help="disk-fill and inode-flood episodes at once while lighter ones wait (then: all slots)")
     au.add_argument("--attack", nargs="+", action="extend", metavar="NAME",
                     help=f"only these attacks of the kit ({KIT}); the gold gate and the baseline always run")
     au.add_argument("--inodes", type=int, help="files the inode flood creates (default 100,001)")
