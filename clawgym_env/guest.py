@@ -11,8 +11,9 @@ requests on a unix socket that only the grading sandbox sees, one at a time:
 * its timeout is the smaller of the request's and what is left before the broker's ``deadline`` (the
   verifier's own), and at most ``max_runs`` requests are served per grading;
 * requests and answers are length-prefixed JSON, each at most
-  :data:`~clawgym_env.guest_client.MAX_MESSAGE` bytes; collected files over :data:`MAX_COLLECT` bytes come back as ``None`` with a note in ``stderr``; a malformed request gets
-  an ``error`` answer, never a crash of the grader.
+  :data:`~clawgym_env.guest_client.MAX_MESSAGE` bytes; collected files over :data:`MAX_COLLECT` bytes come
+  back as ``None`` with a note in ``stderr``; a malformed request gets an ``error`` answer, never a crash of
+  the grader.
 
 What it guarantees the check: nothing the guest runs can write the verifier's files, its workspace, or the
 stdout its result is read from, nor inspect or signal the verifier's processes (another pid namespace and,
