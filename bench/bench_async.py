@@ -4,9 +4,9 @@ Every mode runs the same number of steps with the same groups (``--groups`` task
 the same seeded draws) of real episodes: the ``mini`` harness in the bubblewrap sandbox, a tiny random Qwen3
 on the real tokenizer served in-process, graded by a ``reward.sh`` that scores the parity of the final
 answer's length (so a random policy gets mixed rewards and real updates happen). Each step's groups are
-trained with the real GRPO update (:func:`trainers.grpo.grpo_update`) and the weights pushed to the serving
-copy (:class:`trainers.sync.InProcessSync`). Modes: ``sync`` (``max_staleness=0``: rollouts, then training)
-and ``async1``/``async2`` (:class:`trainers.async_rollouts.RolloutAhead` collecting up to 1 or 2 steps ahead
+trained with the real GRPO update (:func:`trainers.grpo.train.grpo_update`) and the weights pushed to the serving
+copy (:class:`trainers.scale.weight_sync.InProcessSync`). Modes: ``sync`` (``max_staleness=0``: rollouts, then training)
+and ``async1``/``async2`` (:class:`trainers.rollouts.ahead.RolloutAhead` collecting up to 1 or 2 steps ahead
 while the trainer updates).
 
 Printed side by side: wall time per step (whole run / steps, the first step's fill included), the mean rollout
@@ -56,14 +56,14 @@ def run_mode(name: str, staleness: int, opts: argparse.Namespace, suite: Path, o
     """One run of ``opts.steps`` GRPO steps; returns its figures."""
     import torch
 
-    from clawgym_env.runtime import Runtime
+    from clawgym_env.envs.runtime import Runtime
     from tasks import load_suite
-    from trainers import grpo
-    from trainers.async_rollouts import AsyncConfig, RolloutAhead, StepBatch, jobs_for
+    from trainers.batch.tree_batch import make_groups, pack_groups
+    from trainers.grpo import train as grpo
     from trainers.policy import PolicyConfig, TrainablePolicy
-    from trainers.rollouts import run_jobs
-    from trainers.sync import InProcessSync
-    from trainers.tree_batch import make_groups, pack_groups
+    from trainers.rollouts.ahead import AsyncConfig, RolloutAhead, StepBatch, jobs_for
+    from trainers.rollouts.sync import run_jobs
+    from trainers.scale.weight_sync import InProcessSync
 
     torch.manual_seed(0)
     args = grpo.Args(out_dir=str(out), suite=str(suite), steps=opts.steps, groups_per_step=opts.groups,

@@ -36,7 +36,7 @@ def _rows(out: Path) -> list[dict]:
 
 
 def _cgroups(prefixes: set[str]) -> list[str]:
-    from clawgym_env.sandbox._hostside import _hierarchy_base, _own_cgroups
+    from clawgym_env.sandbox.bwrap.hostside import _hierarchy_base, _own_cgroups
 
     v1, v2 = _own_cgroups()
     bases = {b[0] for c in ("memory", "pids", "cpu") if (b := _hierarchy_base(c, v1, v2)) is not None}

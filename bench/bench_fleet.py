@@ -133,9 +133,9 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
+    from clawgym_env.envs.runtime import RolloutPool, Runtime
     from clawgym_env.fleet import FleetConfig, RayFleet
     from clawgym_env.plugins import load_suite, make_harness
-    from clawgym_env.runtime import RolloutPool, Runtime
 
     all_tasks = load_suite("builtin").tasks
     adapter = make_harness(args.harness)

@@ -5,7 +5,7 @@ each, sharing their task prefix; real Qwen3 tokenizer and chat template), packed
 model: a random Qwen3 of ``--hidden``/``--layers`` (its 151k-row embedding, tied to the LM head, is most of
 a small model's parameters). Each setting runs in fresh processes (``python bench/bench_fsdp.py --worker``
 directly, then under ``python -m torch.distributed.run --standalone --nproc-per-node 2``): one warm-up
-update, then ``--steps`` timed updates of :func:`trainers.grpo_update.grpo_update` (AdamW).
+update, then ``--steps`` timed updates of :func:`trainers.grpo.update.grpo_update` (AdamW).
 
 Per rank it reports: the mean update time; the peak RSS of the process (``resource.getrusage``; on CUDA
 ``torch.cuda.max_memory_allocated``) and its growth over the RSS before the model was built; the bytes of
@@ -73,11 +73,11 @@ def worker(opts: argparse.Namespace, out: Path) -> None:
     """One setting on this rank: build, shard, warm up, time ``opts.steps`` updates, write this rank's row."""
     import torch
 
-    from trainers.distributed import DistConfig, destroy_distributed, init_distributed, shard_policy
-    from trainers.grpo import Args
-    from trainers.grpo_update import grpo_update
+    from trainers.batch.tree_batch import make_groups, pack_groups
+    from trainers.grpo.train import Args
+    from trainers.grpo.update import grpo_update
     from trainers.policy import PolicyConfig, TrainablePolicy
-    from trainers.tree_batch import make_groups, pack_groups
+    from trainers.scale.fsdp import DistConfig, destroy_distributed, init_distributed, shard_policy
 
     torch.manual_seed(0)
     info = init_distributed()

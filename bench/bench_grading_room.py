@@ -1,7 +1,7 @@
 """How long grading takes whatever the agent left: the grader's own room and deadline, measured.
 
 For each backend asked (``--sandbox bwrap,docker``) it grades, with the real hermetic grader
-(:func:`clawgym_env.reward.grade_workspace`), three host workspaces an agent may leave:
+(:func:`clawgym_env.grading.reward.grade_workspace`), three host workspaces an agent may leave:
 
 * ``quota``: as many empty files as the default inode quota lets a place hold (262,144, its root
   included): graded as usual (the grader has room for it);
@@ -54,17 +54,17 @@ def main() -> int:
     if args.scratch:
         import functools
 
-        import clawgym_env.reward as reward_module
+        import clawgym_env.grading.reward as reward_module
         from clawgym_env.sandbox import SandboxSpec
 
         reward_module.SandboxSpec = functools.partial(SandboxSpec, hand_back=False)  # type: ignore[misc]
 
-    from clawgym_env.grading_room import GRADING_COPY_S
-    from clawgym_env.reward import grade_workspace
+    from clawgym_env.files.workspace import remove_tree
+    from clawgym_env.grading.reward import grade_workspace
+    from clawgym_env.grading.room import GRADING_COPY_S
     from clawgym_env.sandbox import SandboxLimits
     from clawgym_env.task import TaskLimits
     from clawgym_env.testing import EchoTaskSpec, echo_suite
-    from clawgym_env.workspace_files import remove_tree
 
     defaults = SandboxLimits()
     limits = TaskLimits(timeout_s=300.0, max_turns=4, reward_timeout_s=60.0)

@@ -14,8 +14,8 @@ import argparse
 import statistics
 import tempfile
 
+from clawgym_env.envs.runtime import Runtime
 from clawgym_env.plugins import harnesses, make_harness
-from clawgym_env.runtime import Runtime
 from harness_adapters.install import install_info
 from tasks import resolve_task
 

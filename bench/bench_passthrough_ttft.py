@@ -21,7 +21,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from clawgym_env.policy.passthrough import PassthroughPolicy
+from clawgym_env.policy.passthrough.policy import PassthroughPolicy
 from clawgym_env.policy.tokenizer import load_tokenizer
 from clawgym_env.proxy.server import ProxyServer
 

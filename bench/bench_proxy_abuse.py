@@ -50,7 +50,7 @@ def _serve(conn: Any, upstream: str | None, folder: str) -> None:
     if upstream is None:
         policy = make_policy("scripted:noop")
     else:
-        from clawgym_env.policy.passthrough import PassthroughPolicy
+        from clawgym_env.policy.passthrough.policy import PassthroughPolicy
 
         policy = PassthroughPolicy("openai", "up", base_url=upstream, api_key="k", max_retries=0, timeout=120)
     with ProxyServer(policy, read_timeout_s=120) as srv:

@@ -42,8 +42,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from clawgym_env.proxy.bounds import ProxyLimits  # noqa: E402 - after the path set-up
-from clawgym_env.proxy.limits import CHARS_PER_TOKEN_BOUND  # noqa: E402
+from clawgym_env.proxy.guards.bounds import ProxyLimits  # noqa: E402 - after the path set-up
+from clawgym_env.proxy.guards.limits import CHARS_PER_TOKEN_BOUND  # noqa: E402
 
 ROUTES = ["/chat/completions", "/messages", "/responses"]
 BODY_CAP = ProxyLimits().max_body_bytes  # the proxy's default body cap (16 MiB)

@@ -2,7 +2,7 @@
 
     python3 bench/bench_proxy_inline.py [--repeats 15]
 
-A live-streamed call (``clawgym_env.proxy.live``) prepares its prompt and records its answer on the event loop
+A live-streamed call (``clawgym_env.proxy.stream.live``) prepares its prompt and records its answer on the event loop
 when both are short, and in worker threads otherwise. This prints, on the real Qwen3 tokenizer and the echo
 policy:
   * the CPU time of ``prepare_turn`` from scratch (no cached prefix: the worst case) against the request body's
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clawgym_env.policy.base import Generation  # noqa: E402
 from clawgym_env.policy.tokenizer import load_tokenizer  # noqa: E402
-from clawgym_env.proxy import openai_chat  # noqa: E402
+from clawgym_env.proxy.dialects.openai_chat import dialect as openai_chat
 from clawgym_env.proxy.sessions import Limits, SessionRegistry, TurnMeta  # noqa: E402
 from clawgym_env.proxy.turn import finish_turn, prepare_turn  # noqa: E402
 from clawgym_env.testing import EchoScriptPolicy  # noqa: E402

@@ -111,7 +111,7 @@ def _serve_clawgym(out: Path, upstream: str, n: int, variant: str = "auto/auto")
     """ClawGym's proxy, a passthrough to ``upstream``, ``n`` episodes; serves until SIGTERM.
     ``variant``: ``HTTP-PARSER/LOOP[/INLINE-BYTES]`` (``ProxyServer``'s ``http``, ``loop``, ``inline_bytes``)."""
     sys.path.insert(0, str(ROOT))
-    from clawgym_env.policy.passthrough import PassthroughPolicy
+    from clawgym_env.policy.passthrough.policy import PassthroughPolicy
     from clawgym_env.proxy.server import ProxyServer
 
     stop = threading.Event()

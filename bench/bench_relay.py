@@ -5,7 +5,7 @@ Usage: ``python bench/bench_relay.py [-n 15] [--rounds 3]``
 Side by side in one run, rounds alternating, min/median of every exec of each case:
   * ``exec(true)`` without a proxy socket (no relay at all);
   * ``exec(true)`` with the relay held once per sandbox (as root: every exec is spawned inside the
-    holder's network namespace; see ``clawgym_env/sandbox/_bwrap_relay.py``);
+    holder's network namespace; see ``clawgym_env/sandbox/bwrap/relay.py``);
   * ``exec(true)`` with a relay started by every exec (the non-root path, and how it was before);
   * the parts: ``exec(python -I -S -c pass)`` without a relay (the interpreter start the per-exec relay
     pays), and on the host ``true`` vs ``nsenter --net=/proc/self/ns/net true`` (joining a namespace by
@@ -32,7 +32,7 @@ from pathlib import Path
 from unittest import mock
 
 from clawgym_env.sandbox import SandboxSpec
-from clawgym_env.sandbox.bwrap import BwrapSandbox
+from clawgym_env.sandbox.bwrap.sandbox import BwrapSandbox
 
 CLIENT = """
 import socket, time
@@ -95,7 +95,8 @@ def _times(fn: Callable[[], object], n: int) -> list[float]:
 def _sandbox(ws: str, proxy: Path | None, per_exec: bool):
     spec = SandboxSpec(workspace_host=Path(ws), proxy_socket=proxy)
     if per_exec:
-        with mock.patch("clawgym_env.sandbox.bwrap.holder_possible", return_value=False), BwrapSandbox(spec) as sb:
+        holder = mock.patch("clawgym_env.sandbox.bwrap.sandbox.holder_possible", return_value=False)
+        with holder, BwrapSandbox(spec) as sb:
             yield sb
     else:
         with BwrapSandbox(spec) as sb:

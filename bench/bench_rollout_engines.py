@@ -7,7 +7,7 @@ An episode here is what a harness's model calls look like, without the harness: 
 prompts grow (a long system prompt, then each turn appends the sampled answer and a tool result), all
 with the episode's id, so a vLLM engine can reuse the episode's prefix. ``--episodes`` episodes run,
 ``c`` at a time on threads, for each ``c`` in ``--concurrency``. The vLLM side is what
-``trainers.generation.open_generation`` builds for a trainer (``ReplicaPolicy`` over ``--replicas``
+``trainers.rollouts.generation.open_generation`` builds for a trainer (``ReplicaPolicy`` over ``--replicas``
 engines, episode-sticky); the transformers side is ``TransformersPolicy`` (batch 1 behind a lock, a
 full prefill per call). Printed side by side: episodes/min, generated tokens/s, and for vLLM the
 prefix-cache hit rate (prompt tokens found cached / looked up, from the engines' metrics). The random
@@ -28,7 +28,7 @@ from clawgym_env.policy.chat_format import render_prompt_ids
 from clawgym_env.policy.tiny import build_tiny_qwen3
 from clawgym_env.policy.tokenizer import load_tokenizer
 from clawgym_env.policy.transformers_backend import TransformersPolicy
-from trainers.generation import GenerationConfig, open_generation
+from trainers.rollouts.generation import GenerationConfig, open_generation
 
 SYSTEM = "You are a coding agent working in a sandbox. Use the tools to inspect and change files. " * 12
 

@@ -8,7 +8,7 @@ Every case runs ``n`` times (min and median printed, in ms):
   * ``close``: ``close()`` (container removed, workspace copied back);
   * ``total``: the three together; ``CPU``: CPU time of this process and its children per total.
 Cases: bwrap without and with the proxy relay, Docker with the relay cold, and Docker with the relay
-from a :class:`~clawgym_env.sandbox.docker_pool.DockerPool` (``--pool`` warm containers; the bench
+from a :class:`~clawgym_env.sandbox.docker.pool.DockerPool` (``--pool`` warm containers; the bench
 waits until one is warm before each start, so ``create`` is the hand-out; the container itself is
 still created, in the pool's threads: a pool moves that cost off the episode's path, it does not
 remove it). The relay cases bind a listening unix socket as the proxy (nothing is sent through it).
@@ -73,7 +73,7 @@ def cases(backends: list[str], pool_size: int, ws: Path, sock: Path, n: int):
             except SandboxError as exc:
                 yield f"{backend} {label}, cold", f"skipped: {str(exc)[:100]}"
         if backend == "docker" and pool_size:
-            from clawgym_env.sandbox.docker_pool import DockerPool
+            from clawgym_env.sandbox.docker.pool import DockerPool
 
             try:
                 with DockerPool(pool_size) as pool:

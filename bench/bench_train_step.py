@@ -23,11 +23,11 @@ Data, one of:
 Modes (``--modes``, default all three):
 
 * **packed_dense**: the group is one call tree → one packed sequence → ONE forward/backward with a
-  dense [T, T] tree attention mask (``mask_form="additive"``; :mod:`trainers.tree_batch`,
-  :func:`trainers.grpo.grpo_loss`).
+  dense [T, T] tree attention mask (``mask_form="additive"``; :mod:`trainers.batch.tree_batch`,
+  :func:`trainers.grpo.train.grpo_loss`).
 * **packed_prefix**: the same pack through the prefix-KV-reuse forward (``mask_form="prefix_cache"``,
   what ``auto`` picks for a branched pack under sdpa/eager): one forward per tree segment with its
-  ancestors' keys/values as a cache, no T x T mask (:func:`trainers.logprobs.prefix_cache_hidden_states`).
+  ancestors' keys/values as a cache, no T x T mask (:func:`trainers.batch.logprobs.prefix_cache_hidden_states`).
 * **flat**: every call is its own causal sequence (prompt + output), forward/backward one after the
   other with gradients accumulated — what a trainer without trees does, the memory-friendly way.
 
@@ -125,10 +125,10 @@ def run_mode(args) -> dict:
 
     from clawgym_env.capture.tree import CallTree
     from clawgym_env.policy.tokenizer import load_tokenizer
-    from trainers.grpo import grpo_loss
-    from trainers.logprobs import token_logprobs
+    from trainers.batch.logprobs import token_logprobs
+    from trainers.batch.tree_batch import PackItem, build_pack, make_groups, pack_groups
+    from trainers.grpo.train import grpo_loss
     from trainers.policy import PolicyConfig, TrainablePolicy
-    from trainers.tree_batch import PackItem, build_pack, make_groups, pack_groups
 
     torch.set_num_threads(args.threads)
     tok = load_tokenizer()

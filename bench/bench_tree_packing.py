@@ -102,8 +102,8 @@ def _step(mode: str, args) -> dict:
 
     from clawgym_env.policy.tiny import build_tiny_qwen3
     from clawgym_env.policy.tokenizer import load_tokenizer
-    from trainers.logprobs import chunked_logprobs, token_logprobs
-    from trainers.packing import pack_trees
+    from trainers.batch.logprobs import chunked_logprobs, token_logprobs
+    from trainers.batch.packing import pack_trees
 
     torch.manual_seed(0)
     tok = load_tokenizer()

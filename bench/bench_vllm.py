@@ -23,7 +23,7 @@ from clawgym_env.policy.chat_format import render_prompt_ids
 from clawgym_env.policy.tiny import build_tiny_qwen3
 from clawgym_env.policy.tokenizer import load_tokenizer
 from clawgym_env.policy.transformers_backend import TransformersPolicy
-from clawgym_env.policy.vllm_server import VLLMServer
+from clawgym_env.policy.vllm.server import VLLMServer
 
 CTX = GenerationContext()
 

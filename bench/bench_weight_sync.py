@@ -4,7 +4,7 @@ Usage: ``python bench/bench_weight_sync.py [--sizes tiny 100m 0.6b] [--pushes 3]
 
 For each size a random Qwen3 (untied embeddings: vLLM 0.32 cannot reload tied ones in place) is served
 by one vLLM engine started with the worker extension, and the trainer side pushes new weights
-``--pushes`` times with each method of :class:`trainers.sync.VLLMSync`:
+``--pushes`` times with each method of :class:`trainers.scale.weight_sync.VLLMSync`:
 
 * ``inplace``: write ``model.safetensors`` + config + tokenizer, then the engine re-reads the folder;
 * ``collective``: broadcast every tensor over a gloo group into the engine's worker (no files).
@@ -29,8 +29,8 @@ from clawgym_env.policy.base import GenerationContext, SamplingParams
 from clawgym_env.policy.replicas import ReplicaPolicy
 from clawgym_env.policy.tiny import tiny_qwen3_config
 from clawgym_env.policy.tokenizer import load_tokenizer
-from clawgym_env.policy.vllm_server import VLLMServer
-from trainers.sync import VLLMSync, write_model_dir
+from clawgym_env.policy.vllm.server import VLLMServer
+from trainers.scale.weight_sync import VLLMSync, write_model_dir
 
 SIZES = {  # hidden, layers, heads, kv heads, intermediate
     "tiny": (64, 2, 2, 1, 128),
@@ -82,7 +82,7 @@ def bench_size(size: str, pushes: int, tokenizer, tmp: Path) -> list[tuple]:
         for method in ("inplace", "collective"):
             broadcaster = None
             if method == "collective":
-                from clawgym_env.policy.vllm_collective import WeightBroadcaster
+                from clawgym_env.policy.vllm.collective import WeightBroadcaster
 
                 broadcaster = WeightBroadcaster([server.url], timeout_s=600)
             sync = VLLMSync(serving, [server], method=method, root=tmp / size, model=model, tokenizer=tokenizer,

@@ -14,8 +14,8 @@ import json
 import tempfile
 from pathlib import Path
 
+from clawgym_env.envs.runtime import RolloutPool, Runtime
 from clawgym_env.plugins import make_harness
-from clawgym_env.runtime import RolloutPool, Runtime
 from tasks import resolve_task
 
 

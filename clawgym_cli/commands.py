@@ -56,8 +56,8 @@ def _sampling(args) -> SamplingOverrides:
 def cmd_run(args) -> int:
     """``clawgym run``: episodes of ``--task`` or ``--suite`` through one harness and policy, records under
     ``--out``; one JSON line per episode with ``--json``, else a table and the mean reward of scored ones."""
+    from clawgym_env.envs.runtime import RolloutPool, Runtime
     from clawgym_env.plugins import make_harness
-    from clawgym_env.runtime import RolloutPool, Runtime
     from leaderboards.run import check_sandbox_pool
     from tasks import load_suite, resolve_task
 
@@ -95,8 +95,8 @@ def cmd_run(args) -> int:
 
 def cmd_grade(args) -> int:
     """``clawgym grade``: the task's grader over an existing workspace folder (no harness, no policy)."""
-    from clawgym_env.reward import grade_workspace
-    from clawgym_env.task_inputs import modified_inputs
+    from clawgym_env.grading.inputs import modified_inputs
+    from clawgym_env.grading.reward import grade_workspace
     from tasks import load_task_dir, resolve_task
 
     task = load_task_dir(args.task_dir) if args.task_dir else resolve_task(args.task)
@@ -121,7 +121,7 @@ def cmd_serve_proxy(args) -> int:
     """``clawgym serve-proxy``: the serving proxy in the foreground with one open episode, until Ctrl-C;
     the policy it built is closed when it stops (a passthrough's client holds connections)."""
     from clawgym_env.policy import make_policy
-    from clawgym_env.proxy.bounds import ProxyLimits
+    from clawgym_env.proxy.guards.bounds import ProxyLimits
     from clawgym_env.proxy.server import serve_proxy
 
     try:
@@ -220,7 +220,7 @@ def cmd_train(args) -> int:
 
 def cmd_export(args) -> int:
     """``clawgym export``: a checkpoint (or a run's latest) as a Hugging Face model directory, merged or adapter."""
-    from trainers.export import export_checkpoint
+    from trainers.scale.export import export_checkpoint
 
     res = export_checkpoint(args.checkpoint, args.out, adapter=args.adapter, force=args.force)
     base = f" (base: {res.base})" if res.base else ""

@@ -34,8 +34,9 @@ if TYPE_CHECKING:
     from clawgym_env.capture.tree_io import read_jsonl as read_trees_jsonl
     from clawgym_env.capture.tree_io import to_jsonl as write_trees_jsonl
     from clawgym_env.capture.tree_meta import TreeMeta
-    from clawgym_env.env import ClawGymEnv
-    from clawgym_env.episode import EpisodeResult, run_episode
+    from clawgym_env.envs.env import ClawGymEnv
+    from clawgym_env.envs.runtime import RolloutPool, Runtime
+    from clawgym_env.episodes.run import EpisodeResult, run_episode
     from clawgym_env.errors import (
         ClawGymError,
         CopyLimitError,
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
         TaskError,
         WorkspaceError,
     )
-    from clawgym_env.grading import GradeContext, Grader, GradeResult, grade_episode
+    from clawgym_env.grading.grade import GradeContext, Grader, GradeResult, grade_episode
     from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
     from clawgym_env.plugins import load_suite, make_harness
     from clawgym_env.policy import Generation, GenerationContext, PolicyBackend, SamplingParams, make_policy
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
     from clawgym_env.policy.transformers_backend import TransformersPolicy
     from clawgym_env.proxy.server import ProxyServer
     from clawgym_env.registration import ENV_IDS
-    from clawgym_env.runtime import RolloutPool, Runtime
     from clawgym_env.task import Suite, Task, TaskLimits, TaskLoadIssue
 
 __version__ = "0.1.0"
@@ -68,9 +68,9 @@ _EXPORTS: dict[str, str] = {
     "HarnessAdapter": "clawgym_env.harness:HarnessAdapter", "Endpoint": "clawgym_env.harness:Endpoint",
     "LaunchSpec": "clawgym_env.harness:LaunchSpec", "HarnessOutput": "clawgym_env.harness:HarnessOutput",
     # running episodes
-    "Runtime": "clawgym_env.runtime:Runtime", "RolloutPool": "clawgym_env.runtime:RolloutPool",
-    "EpisodeResult": "clawgym_env.episode:EpisodeResult", "run_episode": "clawgym_env.episode:run_episode",
-    "ClawGymEnv": "clawgym_env.env:ClawGymEnv", "ENV_IDS": "clawgym_env.registration:ENV_IDS",
+    "Runtime": "clawgym_env.envs.runtime:Runtime", "RolloutPool": "clawgym_env.envs.runtime:RolloutPool",
+    "EpisodeResult": "clawgym_env.episodes.run:EpisodeResult", "run_episode": "clawgym_env.episodes.run:run_episode",
+    "ClawGymEnv": "clawgym_env.envs.env:ClawGymEnv", "ENV_IDS": "clawgym_env.registration:ENV_IDS",
     "ProxyServer": "clawgym_env.proxy.server:ProxyServer",
     # policies
     "make_policy": "clawgym_env.policy:make_policy", "PolicyBackend": "clawgym_env.policy:PolicyBackend",
@@ -88,8 +88,8 @@ _EXPORTS: dict[str, str] = {
     "write_trees_jsonl": "clawgym_env.capture.tree_io:to_jsonl",
     "read_trees_jsonl": "clawgym_env.capture.tree_io:read_jsonl",
     # grading
-    "Grader": "clawgym_env.grading:Grader", "GradeContext": "clawgym_env.grading:GradeContext",
-    "GradeResult": "clawgym_env.grading:GradeResult", "grade_episode": "clawgym_env.grading:grade_episode",
+    "Grader": "clawgym_env.grading.grade:Grader", "GradeContext": "clawgym_env.grading.grade:GradeContext",
+    "GradeResult": "clawgym_env.grading.grade:GradeResult", "grade_episode": "clawgym_env.grading.grade:grade_episode",
     # plugins: one registry per kind, and the two lookups most code needs
     "plugins": "clawgym_env.plugins", "load_suite": "clawgym_env.plugins:load_suite",
     "make_harness": "clawgym_env.plugins:make_harness",

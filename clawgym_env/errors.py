@@ -52,7 +52,7 @@ class WorkspaceError(ClawGymError):
 
 class CopyLimitError(WorkspaceError):
     """A copy crossed one of its limits; ``limit`` names which (``bytes``, ``entries`` or ``time``) and
-    ``report`` is the partial :class:`~clawgym_env.workspace_files.CopyReport`."""
+    ``report`` is the partial :class:`~clawgym_env.files.workspace.CopyReport`."""
 
     def __init__(self, message: str, *, report: object = None, limit: str = "bytes") -> None:
         super().__init__(message)

@@ -177,11 +177,12 @@ suites = Registry("suite", "clawgym.suites")
 """Suite loaders ``(spec, data=None, **options) -> Suite`` (entry points ``clawgym.suites``; the name
 ``folder`` loads a folder of task dirs). Use :func:`load_suite`."""
 
-graders = Registry("grader", "clawgym.graders", builtins={"reward.sh": "clawgym_env.reward:ScriptGrader"})
+graders = Registry("grader", "clawgym.graders", builtins={"reward.sh": "clawgym_env.grading.reward:ScriptGrader"})
 """Graders by the name a task carries in ``Task.grader`` (entry points ``clawgym.graders``)."""
 
-sandboxes = Registry("sandbox", "clawgym.sandboxes", builtins={"bwrap": "clawgym_env.sandbox.bwrap:BwrapSandbox",
-                                          "docker": "clawgym_env.sandbox.docker:DockerSandbox"})
+sandboxes = Registry("sandbox", "clawgym.sandboxes",
+                     builtins={"bwrap": "clawgym_env.sandbox.bwrap.sandbox:BwrapSandbox",
+                               "docker": "clawgym_env.sandbox.docker.sandbox:DockerSandbox"})
 """Sandbox backends (classes implementing :class:`~clawgym_env.sandbox.Sandbox`)."""
 
 policies = Registry("policy", "clawgym.policies", builtins={"scripted": "clawgym_env.policy.factories:scripted",
@@ -196,11 +197,11 @@ algorithms = Registry("algorithm", "clawgym.algorithms")
 """Training algorithms (entry points ``clawgym.algorithms``: a module exporting ``Args`` and ``train``)."""
 
 dialects = Registry("dialect", "clawgym.dialects", builtins={
-    "openai_chat": "clawgym_env.proxy.openai_chat",
-    "anthropic_messages": "clawgym_env.proxy.anthropic_messages",
-    "openai_responses": "clawgym_env.proxy.openai_responses",
+    "openai_chat": "clawgym_env.proxy.dialects.openai_chat.dialect",
+    "anthropic_messages": "clawgym_env.proxy.dialects.anthropic.dialect",
+    "openai_responses": "clawgym_env.proxy.dialects.responses.dialect",
 })
-"""Wire-dialect modules of the serving proxy (their routes: :data:`clawgym_env.proxy.dialects.DIALECTS`, which
+"""Wire-dialect modules of the serving proxy (their routes: :data:`clawgym_env.proxy.dialects.registry.DIALECTS`, which
 loads each module from here and checks at import that both name the same dialects)."""
 
 ALL: tuple[Registry, ...] = (harnesses, suites, graders, sandboxes, policies, algorithms, dialects)

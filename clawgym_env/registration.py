@@ -10,7 +10,7 @@ import difflib
 
 import gymnasium as gym
 
-ENTRY_POINT = "clawgym_env.env:ClawGymEnv"
+ENTRY_POINT = "clawgym_env.envs.env:ClawGymEnv"
 
 #: env id → the harness it runs
 ENV_IDS: dict[str, str] = {

@@ -82,7 +82,7 @@ class Task(BaseModel):
     test files and fixtures a check depends on, which the agent may read but must not change. A match
     the agent changed, deleted or replaced by a link or a folder is put back as the task shipped it."""
     grader: str = "reward.sh"
-    """The name of the grader the engine applies inside the episode (:mod:`clawgym_env.grading`), set
+    """The name of the grader the engine applies inside the episode (:mod:`clawgym_env.grading.grade`), set
     by the task's source from its kind (``reward.sh``, ``hybrid``, ``jobbench``, or a third party's)."""
 
     @property

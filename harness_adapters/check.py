@@ -25,7 +25,7 @@ from clawgym_env.capture.records import CallRecord, EpisodeRecord
 from clawgym_env.errors import HarnessError
 from clawgym_env.plugins import load_suite, make_harness
 from clawgym_env.policy.chat_format import normalize_messages
-from clawgym_env.proxy.dialects import spec as dialect_spec
+from clawgym_env.proxy.dialects.registry import spec as dialect_spec
 from clawgym_env.proxy.splice import turn_key
 from clawgym_env.sandbox.base import DEFAULT_PROXY_PORT
 from clawgym_env.task import Task
@@ -278,7 +278,7 @@ def check_harness(harness: str, *, task: Task | str | Path = DEFAULT_PROBE_TASK,
                   sandbox: str = "bwrap", out_dir: str | None = None, **adapter_options: Any) -> ConformanceReport:
     """Install (if needed) and probe ``harness`` with one episode on ``task`` (see :func:`probe_task`);
     return the report."""
-    from clawgym_env.runtime import Runtime
+    from clawgym_env.envs.runtime import Runtime
 
     probe = probe_task(task)
     adapter = make_harness(harness, **adapter_options)

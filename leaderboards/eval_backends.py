@@ -48,7 +48,7 @@ def run_on_threads(todo: list[Job], adapter: Any, record: Callable[[ResultRow, i
                    policy_key: str, retries: int, sampling: Any, judge: Any, keep_workspace: bool,
                    backoff_s: float) -> None:
     """The jobs on a thread pool of this process (one serving proxy), rows recorded as they finish."""
-    from clawgym_env.runtime import Runtime
+    from clawgym_env.envs.runtime import Runtime
 
     with Runtime(policy, sandbox=sandbox, out_dir=episodes_dir, sandbox_pool=sandbox_pool) as rt:
         runner = Runner(rt, adapter, suite_name, policy_key, retries, sampling, judge, keep_workspace, backoff_s)
@@ -175,6 +175,6 @@ class Runner:
             return {"status": "infra_error", "error": f"host-side scoring failed: {rec.error}"}
         if scorer_kind is None:
             return {}
-        from clawgym_env.grading import grader_of
+        from clawgym_env.grading.grade import grader_of
 
         return {"scorer": grader_of(task).name}

@@ -20,12 +20,12 @@ Invariants:
     restart re-runs only the episodes whose rows were not written;
   * the results file is created 0600 and every row is redacted (:mod:`clawgym_env.redact`);
   * leftovers of dead runs (a SIGKILL mid-episode): the run holds a
-    :class:`~clawgym_env.leftovers.RunLock` on its episodes folder, whose ``tmp/`` holds every
+    :class:`~clawgym_env.sandbox.leftovers.RunLock` on its episodes folder, whose ``tmp/`` holds every
     temporary folder of the run; the next start deletes dead runs' folders, cgroups of dead pids and
     episode folders that never finished and that no row references;
   * ``rerun_infra`` re-runs keys whose row is an ``infra_error``; the new row is appended after the
     old one and readers keep the last row of a key (:func:`leaderboards.schema.latest_by_key`);
-  * every episode is graded inside the episode by its task's grader (:mod:`clawgym_env.grading`:
+  * every episode is graded inside the episode by its task's grader (:mod:`clawgym_env.grading.grade`:
     ``reward.sh``, ClawGym-Bench hybrid 0.7 code + 0.3 rubric, JobBench judge per rubric), exactly
     as in ``env.step`` and training; an episode with no valid reward (``reward_invalid``: the judge
     failed) is retried, then reported, as ``infra_error``. The judge is ``judge`` or, when a task
@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import TaskError
-from clawgym_env.leftovers import RunLock, reap_orphan_episodes
 from clawgym_env.policy.base import SamplingOverrides
+from clawgym_env.sandbox.leftovers import RunLock, reap_orphan_episodes
 from leaderboards.eval_backends import Job, run_on_fleet, run_on_threads
 from leaderboards.results_file import ResultsFile, ResultsWriteError
 from leaderboards.schema import ResultRow

@@ -1,6 +1,6 @@
 """Grading in an evaluation run: which tasks need an LLM judge, and re-scoring a kept workspace.
 
-Episodes are graded inside the episode by their task's grader (:mod:`clawgym_env.grading`); the
+Episodes are graded inside the episode by their task's grader (:mod:`clawgym_env.grading.grade`); the
 runner only needs to know whether to build a judge before the first episode (:func:`needs_host_scoring`,
 :func:`default_judge`). :func:`host_side_score` grades a saved workspace again (e.g. with another judge)
 and raises :class:`~clawgym_env.errors.TaskError` when there is no valid reward, never the agent's 0.
@@ -19,7 +19,7 @@ def needs_host_scoring(task: Any) -> str | None:
     ``"hybrid"`` (ClawGym-Bench: reward.sh's code score + the judge's rubric score) or None.
 
     The name is historical: these tasks are graded inside the episode now
-    (:mod:`clawgym_env.grading`, the task's ``grader``), with the judge this runner passes in, so
+    (:mod:`clawgym_env.grading.grade`, the task's ``grader``), with the judge this runner passes in, so
     ``clawgym eval``, ``env.step`` and training read one reward; the runner only needs to know
     whether to build a judge before the first episode."""
     if getattr(task, "grading_type", None) == "jobbench":
@@ -35,7 +35,7 @@ def host_side_score(task: Any, workspace: Path, *, judge: Any, record: Any) -> t
     For re-scoring saved workspaces (e.g. with another judge); episodes are already graded inside
     the episode. Raises :class:`TaskError` when there is no valid reward (judge outage, unusable
     verdict) — never the agent's 0."""
-    from clawgym_env.grading import grade_episode
+    from clawgym_env.grading.grade import grade_episode
 
     gr = grade_episode(task, workspace, final_message=getattr(record, "final_message", None), judge=judge)
     if not gr.valid:

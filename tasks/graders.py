@@ -1,4 +1,4 @@
-"""The graders tasks supply to the engine's grading seam (:mod:`clawgym_env.grading`).
+"""The graders tasks supply to the engine's grading seam (:mod:`clawgym_env.grading.grade`).
 
 Each is registered by name (entry points ``clawgym.graders`` in ``pyproject.toml``), and a task names
 its own in :attr:`clawgym_env.task.Task.grader`, set by its loader from the task's kind. So
@@ -10,10 +10,10 @@ same way:
   * ``hybrid`` (a ClawGym task dir that carries a rubric): :class:`HybridGrader`, the hermetic
     ``reward.sh`` code score combined with the judge's rubric score, ``0.7 code + 0.3 rubric``
     (:func:`tasks.hybrid.hybrid_grade`);
-  * ``reward.sh`` (anything else, the engine's own): :class:`clawgym_env.reward.ScriptGrader`, the hermetic
+  * ``reward.sh`` (anything else, the engine's own): :class:`clawgym_env.grading.reward.ScriptGrader`, the hermetic
     ``reward.sh`` alone.
 
-Invariants: the judge is the one in the :class:`~clawgym_env.grading.GradeContext`, else the
+Invariants: the judge is the one in the :class:`~clawgym_env.grading.grade.GradeContext`, else the
 environment-configured one (:func:`env_judge`, built once per configuration); a judge that is
 missing, unreachable or answers nonsense gives ``reward_invalid`` ("no valid reward"), never a 0;
 a verifier that fails on the workspace gives ``reward_error`` with the code score it printed; a
@@ -30,8 +30,8 @@ import time
 from typing import Any
 
 from clawgym_env.errors import TaskError
-from clawgym_env.grading import GradeContext, GradeResult
-from clawgym_env.reward import ScriptGrader
+from clawgym_env.grading.grade import GradeContext, GradeResult
+from clawgym_env.grading.reward import ScriptGrader
 
 _judges: dict[tuple[str, str, str], Any] = {}
 _judges_lock = threading.Lock()

@@ -6,7 +6,7 @@ hub data, kept under that key by the task-dir format). Its official score is
     score = 0.7 * code_score + 0.3 * rubric_score
 
 where ``code_score`` is what ``reward/reward.sh`` prints (the hermetic verifier, run by
-:func:`clawgym_env.reward.grade_workspace`) and ``rubric_score`` in [0, 1] comes from an LLM judge
+:func:`clawgym_env.grading.reward.grade_workspace`) and ``rubric_score`` in [0, 1] comes from an LLM judge
 (:class:`tasks.judge.JudgeClient`) shown the task, the rubric, the agent's final message and the
 workspace's output files. Automated tasks score ``code_score`` alone.
 
@@ -95,9 +95,9 @@ def describe_workspace(task: Task, workspace: str | Path, *, file_chars: int = F
     unchanged input, followed by the contents of the new and modified text files, within budget.
 
     The workspace is the agent's: it is walked without recursion or following links, files are
-    fingerprinted by streaming (:func:`clawgym_env.workspace_files.snapshot`: deep trees, sparse
+    fingerprinted by streaming (:func:`clawgym_env.files.workspace.snapshot`: deep trees, sparse
     files, fifos and non-UTF-8 names are fine), and only regular files are ever opened."""
-    from clawgym_env.workspace_files import snapshot
+    from clawgym_env.files.workspace import snapshot
 
     ws = Path(workspace)
     inputs = {}
@@ -208,7 +208,7 @@ def grade_bench(task: Task, workspace: str | Path, final_message: str | None = N
                 sandbox: str = "bwrap", transcript: list[Any] | None = None) -> BenchGrade:
     """Run the hermetic verifier on ``workspace``, then (hybrid tasks) the judge; see module doc.
     A sandbox that cannot start raises :class:`SandboxError` (infrastructure, never a 0)."""
-    from clawgym_env.reward import grade_workspace
+    from clawgym_env.grading.reward import grade_workspace
 
     rr = grade_workspace(task, workspace, final_message=final_message, transcript=transcript, sandbox=sandbox)
     out = hybrid_grade(task, rr.reward, final_message, workspace, judge, subscores=rr.subscores)

@@ -46,8 +46,8 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from clawgym_env.errors import TaskError
+from clawgym_env.grading.inputs import input_files, matching
 from clawgym_env.task import Task, TaskLimits
-from clawgym_env.task_inputs import input_files, matching
 from tasks.hybrid import is_hybrid
 
 DATA_ENTRY = "data_entry.json"

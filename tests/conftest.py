@@ -24,7 +24,7 @@ def builtin_suite():
 
 @pytest.fixture(scope="session")
 def expert_runtime(tmp_path_factory):
-    from clawgym_env.runtime import Runtime
+    from clawgym_env.envs.runtime import Runtime
 
     with Runtime("scripted:expert", out_dir=tmp_path_factory.mktemp("episodes")) as rt:
         yield rt

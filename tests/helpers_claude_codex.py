@@ -12,8 +12,8 @@ import uuid
 import pytest
 
 from clawgym_env.capture.records import read_calls
+from clawgym_env.envs.runtime import Runtime
 from clawgym_env.errors import HarnessError
-from clawgym_env.runtime import Runtime
 
 
 def installed(adapter):

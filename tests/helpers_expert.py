@@ -110,7 +110,7 @@ def average(data: Any) -> float:
 def guest_local_env(workspace: Path) -> dict[str, str]:
     """The environment that lets a check's ``import clawgym_guest`` work on the host, unsandboxed
     (``CLAWGYM_GUEST_LOCAL``): the client module on ``PYTHONPATH``, the workspace named."""
-    from clawgym_env import guest_client
+    from clawgym_env.grading import guest_client
 
     lib = Path(workspace).parent / "clawgym-guest-lib"
     lib.mkdir(exist_ok=True)

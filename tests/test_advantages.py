@@ -6,7 +6,7 @@ import pytest
 
 from clawgym_env.capture.tree import CallTree, TreeNode
 from clawgym_env.capture.tree_meta import TreeMeta
-from trainers.advantages import (
+from trainers.batch.advantages import (
     episode_token_weights,
     group_advantages,
     is_constant,

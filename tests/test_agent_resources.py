@@ -15,13 +15,13 @@ import pytest
 from pydantic import ValidationError
 
 from clawgym_env.errors import CopyLimitError, SandboxError, TaskError
-from clawgym_env.grading_room import GRADER_RESERVE_INODES, GRADER_RESERVE_MB, copy_limits, grader_room
-from clawgym_env.reward import grade_workspace, grader_limits
+from clawgym_env.files.workspace import copy_tree
+from clawgym_env.grading.reward import grade_workspace, grader_limits
+from clawgym_env.grading.room import GRADER_RESERVE_INODES, GRADER_RESERVE_MB, copy_limits, grader_room
 from clawgym_env.sandbox import PlaceFullError, SandboxLimits, SandboxSpec
 from clawgym_env.sandbox.base import CPU_HIT_PERIODS, DEFAULT_CPUS, DEFAULT_INODES, limit_tags
 from clawgym_env.task import TaskLimits
 from clawgym_env.testing import EchoTaskSpec, echo_suite
-from clawgym_env.workspace_files import copy_tree
 from tasks import load_task_dir
 
 try:
@@ -133,7 +133,7 @@ def _ready(backend: str) -> None:
     if backend == "docker":
         require_engine()
     else:
-        from clawgym_env.sandbox.bwrap import check_bwrap
+        from clawgym_env.sandbox.bwrap.sandbox import check_bwrap
 
         try:
             check_bwrap(True)

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from clawgym_env.envs.runtime import Runtime
 from clawgym_env.errors import SandboxError
 from clawgym_env.plugins import make_harness
-from clawgym_env.runtime import Runtime
-from clawgym_env.sandbox._hostside import _hierarchy_base, _own_cgroups
+from clawgym_env.sandbox.bwrap.hostside import _hierarchy_base, _own_cgroups
 from clawgym_env.task import Task, TaskLimits
 from clawgym_env.testing import EchoTaskSpec, echo_suite
 from tasks import load_task_dir
@@ -126,7 +126,7 @@ def _ready(backend: str) -> None:
     if backend == "docker":
         require_engine()
         return
-    from clawgym_env.sandbox.bwrap import check_bwrap
+    from clawgym_env.sandbox.bwrap.sandbox import check_bwrap
 
     try:
         check_bwrap(True)

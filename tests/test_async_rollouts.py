@@ -1,4 +1,4 @@
-"""Async, off-policy rollouts (:mod:`trainers.async_rollouts`).
+"""Async, off-policy rollouts (:mod:`trainers.rollouts.ahead`).
 
 Fakes: ``collect`` functions that build real ``EpisodeResult`` / ``CallRecord`` objects whose calls carry the
 version a fake serving side held when each was "sampled", and a fake trainer that bumps and pushes versions.
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.capture.records import CallRecord, EpisodeRecord, EpisodeStatus
-from clawgym_env.episode import EpisodeResult
+from clawgym_env.episodes.run import EpisodeResult
 from clawgym_env.errors import PolicyError
-from trainers.async_rollouts import AsyncConfig, RolloutAhead, StepBatch, _Intervals, episode_staleness, jobs_for
-from trainers.tree_batch import make_groups
+from trainers.batch.tree_batch import make_groups
+from trainers.rollouts.ahead import AsyncConfig, RolloutAhead, StepBatch, _Intervals, episode_staleness, jobs_for
 
 
 def episode(eid: str, task: str, reward: float, versions: list[int], status: EpisodeStatus = "ok") -> EpisodeResult:
@@ -295,10 +295,10 @@ def parity_task(root: Path):
 def test_real_mini_rollouts_record_the_version_that_sampled_every_call(tmp_path, tokenizer):
     """Step k+1's episodes run through the mini harness while the trainer pushes new weights (InProcessSync)."""
     torch = pytest.importorskip("torch")
-    from clawgym_env.runtime import Runtime
+    from clawgym_env.envs.runtime import Runtime
     from trainers.policy import PolicyConfig, TrainablePolicy
-    from trainers.rollouts import run_jobs
-    from trainers.sync import InProcessSync
+    from trainers.rollouts.sync import run_jobs
+    from trainers.scale.weight_sync import InProcessSync
 
     task = parity_task(tmp_path)
     policy = TrainablePolicy(PolicyConfig(model="tiny", seed=1), tokenizer=tokenizer)

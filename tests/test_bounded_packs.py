@@ -23,17 +23,17 @@ from clawgym_env.capture.tree import CallTree  # noqa: E402
 from clawgym_env.errors import PolicyError  # noqa: E402
 from clawgym_env.policy.chat_format import assistant_text, render_prompt_ids  # noqa: E402
 from clawgym_env.policy.tiny import build_tiny_qwen3  # noqa: E402
-from trainers.grpo import grpo_loss  # noqa: E402
-from trainers.logprobs import token_logprobs  # noqa: E402
-from trainers.pack_parts import gae_over_packs, pack_stats, pack_units  # noqa: E402
-from trainers.pack_split import plan_packs, split_tree, tree_tokens  # noqa: E402
-from trainers.packing import pack_batch, pack_trees, scorable_mask  # noqa: E402
-from trainers.ppo import Args as PPOArgs  # noqa: E402
-from trainers.ppo import ppo_loss  # noqa: E402
-from trainers.ppo_targets import add_reference, gae_targets, prepare  # noqa: E402
-from trainers.sft import sft_loss, sft_pack  # noqa: E402
-from trainers.tree_batch import episode_packs, make_groups, pack_groups, rollout_packs  # noqa: E402
-from trainers.value import Critic  # noqa: E402
+from trainers.batch.logprobs import token_logprobs  # noqa: E402
+from trainers.batch.pack_parts import gae_over_packs, pack_stats, pack_units  # noqa: E402
+from trainers.batch.pack_split import plan_packs, split_tree, tree_tokens  # noqa: E402
+from trainers.batch.packing import pack_batch, pack_trees, scorable_mask  # noqa: E402
+from trainers.batch.tree_batch import episode_packs, make_groups, pack_groups, rollout_packs  # noqa: E402
+from trainers.grpo.train import grpo_loss  # noqa: E402
+from trainers.ppo.targets import add_reference, gae_targets, prepare  # noqa: E402
+from trainers.ppo.train import Args as PPOArgs  # noqa: E402
+from trainers.ppo.train import ppo_loss  # noqa: E402
+from trainers.ppo.value import Critic  # noqa: E402
+from trainers.sft.train import sft_loss, sft_pack  # noqa: E402
 
 SYSTEM = "You are a careful agent. Use the tools, then answer briefly."
 

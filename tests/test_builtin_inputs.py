@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from clawgym_env.reward import grade_workspace
+from clawgym_env.grading.reward import grade_workspace
 from clawgym_env.task import Task
 from tasks import load_expert, load_suite
 from tasks.taskdir import load_task_dir

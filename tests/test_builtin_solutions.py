@@ -118,7 +118,7 @@ def test_garbage_outputs_are_not_a_crash(task_id, tmp_path):
 def test_hermetic_grade_agrees_exactly_with_the_official_reward_sh(task_id, tmp_path):
     """The sandboxed, hermetic grader gives an honest workspace exactly what the task's own reward.sh
     gives it run as is on the host (the official pipeline): expert, wrong attempt and untouched."""
-    from clawgym_env.reward import grade_workspace
+    from clawgym_env.grading.reward import grade_workspace
 
     task = TASKS[task_id]
     expert = load_expert(task)

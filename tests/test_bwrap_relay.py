@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.errors import SandboxError
-from clawgym_env.sandbox._bwrap_relay import holder_possible
 from clawgym_env.sandbox.base import SandboxSpec
-from clawgym_env.sandbox.bwrap import BwrapSandbox, check_bwrap
+from clawgym_env.sandbox.bwrap.relay import holder_possible
+from clawgym_env.sandbox.bwrap.sandbox import BwrapSandbox, check_bwrap
 
 try:
     check_bwrap(True)

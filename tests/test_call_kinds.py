@@ -21,10 +21,10 @@ from clawgym_env.capture.call_kinds import (
 from clawgym_env.capture.records import read_calls
 from clawgym_env.capture.tree import CallTree
 from clawgym_env.capture.tree_show import kind_counts, node_kind, render_html, render_text
+from clawgym_env.envs.runtime import Runtime
 from clawgym_env.harness import HarnessAdapter
 from clawgym_env.plugins import make_harness
 from clawgym_env.policy.chat_format import assistant_text, render_prompt_ids
-from clawgym_env.runtime import Runtime
 from tests.test_call_tree import TOOLS, call, enc
 
 SYSTEM = "You are a careful coding agent. Use the bash tool, then answer briefly."

@@ -22,11 +22,11 @@ import pytest
 
 from clawgym_env.capture.call_kinds import classify_calls
 from clawgym_env.capture.records import CALL_KINDS, CallRecord
+from clawgym_env.envs.runtime import Runtime
 from clawgym_env.plugins import make_harness
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
 from clawgym_env.policy.chat_format import assistant_text
 from clawgym_env.policy.scripted import plan_call, resolve_tools
-from clawgym_env.runtime import Runtime
 from harness_adapters.claude_code.kinds import COMPACT_OPENING
 from harness_adapters.openclaw.kinds import SUMMARY_OPENING
 from harness_adapters.qwen_code.kinds import MAIN_OPENING

@@ -21,9 +21,9 @@ torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trainers import checkpoint as ckpt  # noqa: E402
-from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
 from trainers.policy import PolicyConfig, TrainablePolicy  # noqa: E402
+from trainers.scale import checkpoint as ckpt  # noqa: E402
+from trainers.scale.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
 
 TIMEOUT_S = 240
 

@@ -98,7 +98,7 @@ def test_task_dir_and_parquet_forms_load_to_the_same_task(forms):
     ("task_a1", {}, 1.0),
 ])
 def test_both_forms_grade_the_same_workspace_the_same(forms, tmp_path, tid, setup, expected):
-    from clawgym_env.reward import grade_workspace
+    from clawgym_env.grading.reward import grade_workspace
 
     dirs, table, _ = forms
     ws = solve(dirs.get(tid), tmp_path, **setup)

@@ -18,8 +18,8 @@ from clawgym_env.errors import PolicyError  # noqa: E402
 from clawgym_env.policy.tiny import build_tiny_qwen3  # noqa: E402
 from clawgym_env.policy.transformers_backend import TransformersPolicy  # noqa: E402
 from clawgym_env.proxy.server import ProxyServer  # noqa: E402
-from trainers.consistency import consistency_report, report_from_logprobs  # noqa: E402
-from trainers.packing import pack_trees  # noqa: E402
+from trainers.batch.consistency import consistency_report, report_from_logprobs  # noqa: E402
+from trainers.batch.packing import pack_trees  # noqa: E402
 
 SYSTEM = "You are a terse assistant working in a sandboxed workspace. Answer in one line."
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from clawgym_env.capture.records import read_calls
+from clawgym_env.envs.runtime import RolloutPool, Runtime
 from clawgym_env.plugins import make_harness
-from clawgym_env.runtime import RolloutPool, Runtime
 
 
 def _multi_step_tasks(suite, n):

@@ -93,7 +93,7 @@ def _mode(path: Path) -> int:
 
 
 def _cgroup_dirs() -> list[Path]:
-    from clawgym_env.sandbox._hostside import _hierarchy_base, _own_cgroups
+    from clawgym_env.sandbox.bwrap.hostside import _hierarchy_base, _own_cgroups
 
     v1, v2 = _own_cgroups()
     bases = {b[0] for c in ("memory", "pids", "cpu") if (b := _hierarchy_base(c, v1, v2)) is not None}
@@ -156,7 +156,7 @@ class FlakySandbox:
     _lock = threading.Lock()
 
     def __init__(self, spec):
-        from clawgym_env.sandbox.bwrap import BwrapSandbox
+        from clawgym_env.sandbox.bwrap.sandbox import BwrapSandbox
 
         self._inner = BwrapSandbox(spec)
 
@@ -302,7 +302,7 @@ def test_jobbench_judged_on_the_host_and_judge_outage_is_infra(tmp_path, judge_s
 
 
 def test_upstream_api_outage_is_infra_not_a_zero(tmp_path, tokenizer):
-    from clawgym_env.policy.passthrough import PassthroughPolicy
+    from clawgym_env.policy.passthrough.policy import PassthroughPolicy
 
     policy = PassthroughPolicy("openai", "m", base_url="http://127.0.0.1:9/v1", api_key="k", tokenizer=tokenizer,
                                max_retries=0, timeout=5)

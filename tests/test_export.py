@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from clawgym_cli.main import main  # noqa: E402
-from trainers.checkpoint import save_checkpoint  # noqa: E402
-from trainers.export import EXPORT_NOTE  # noqa: E402
 from trainers.policy import PolicyConfig, TrainablePolicy  # noqa: E402
+from trainers.scale.checkpoint import save_checkpoint  # noqa: E402
+from trainers.scale.export import EXPORT_NOTE  # noqa: E402
 
 IDS = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32, 38]])
 

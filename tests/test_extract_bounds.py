@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clawgym_env.grading import GradeContext
+from clawgym_env.grading.grade import GradeContext
 from tasks.extract import ExtractLimits, extract_file, extract_folder
 from tasks.jobbench import load_jobbench, score_jobbench
 
@@ -241,7 +241,7 @@ def test_streamed_text_matches_a_whole_decode(tmp_path):
 @pytest.fixture
 def judged_workspace(tmp_path):
     """An accountants__task1 workspace whose outputs/ hold a paragraph bomb and the right deliverables."""
-    from clawgym_env.episode import prepare_workspace
+    from clawgym_env.episodes.run import prepare_workspace
 
     task = load_jobbench(FIXTURES, "main").get("accountants__task1")
     ws = prepare_workspace(task, tmp_path / "ws")

@@ -20,7 +20,7 @@ import pytest
 
 from clawgym_env.errors import SandboxError
 from clawgym_env.fleet import FleetConfig, FleetProgress, FleetStats, RayFleet, WorkerInfo
-from clawgym_env.sandbox.bwrap import BwrapSandbox
+from clawgym_env.sandbox.bwrap.sandbox import BwrapSandbox
 from clawgym_env.task import TaskLimits
 from clawgym_env.testing import EchoHarness, echo_suite
 
@@ -78,7 +78,7 @@ def test_stats_count_each_episode_once():
 
 
 def test_ray_pool_needs_a_policy_spec():
-    from clawgym_env.runtime import RolloutPool
+    from clawgym_env.envs.runtime import RolloutPool
 
     with pytest.raises(ValueError, match="spec string"):
         RolloutPool(None, backend="ray")
@@ -121,7 +121,7 @@ def _indices_once(results, tasks, samples):
 
 @pytest.mark.slow
 def test_ray_backend_gives_the_threads_results(fleet, suite, expert_runtime):
-    from clawgym_env.runtime import RolloutPool
+    from clawgym_env.envs.runtime import RolloutPool
 
     seen: list[FleetProgress] = []
     fleet.progress = seen.append

@@ -7,7 +7,7 @@ harness, its needs and the largest node; the fleet's counts become flat metrics 
 On a 2-node local Ray cluster with small fake budgets (1 GiB and 3 GiB of Ray ``memory``): a mixed batch
 keeps every node within its budget (from the scheduler's books at every progress snapshot and from the
 records' start/end times), large episodes run only on the large node, and a trainer's step through two
-harnesses (:class:`trainers.rollouts.RolloutFleet`) runs them in one batch, their episodes overlapping
+harnesses (:class:`trainers.rollouts.sync.RolloutFleet`) runs them in one batch, their episodes overlapping
 in time.
 """
 
@@ -231,7 +231,7 @@ def test_a_mixed_batch_keeps_every_node_within_its_budget(cluster, suite, tmp_pa
 @pytest.mark.slow
 def test_a_training_step_runs_its_harnesses_in_one_overlapping_batch(cluster, suite, tmp_path):
     from clawgym_env.policy import make_policy
-    from trainers.rollouts import RolloutConfig, RolloutFleet, fleet_metrics, run_jobs
+    from trainers.rollouts.sync import RolloutConfig, RolloutFleet, fleet_metrics, run_jobs
 
     adapters = {"echo-small": SmallEcho(), "echo-big": BigEcho()}
     jobs = [(suite.tasks[0], "echo-small"), (suite.tasks[1], "echo-big"), (suite.tasks[1], "echo-small")]

@@ -1,4 +1,4 @@
-"""FSDP2 data parallelism (:mod:`trainers.distributed`) on 2 gloo processes against one process, same batch.
+"""FSDP2 data parallelism (:mod:`trainers.scale.fsdp`) on 2 gloo processes against one process, same batch.
 
 One launch (``python -m torch.distributed.run --standalone --nproc-per-node 2 tests/test_fsdp.py OUT``) runs
 every case on 2 ranks; rank 0 writes each case's statistics and full tensors (gradients and parameter deltas
@@ -28,7 +28,8 @@ torch = pytest.importorskip("torch")
 from clawgym_env.capture.records import CallRecord, EpisodeRecord  # noqa: E402
 from clawgym_env.capture.tree import CallTree  # noqa: E402
 from clawgym_env.policy.chat_format import assistant_text, render_prompt_ids  # noqa: E402
-from trainers.distributed import (  # noqa: E402
+from trainers.policy import PolicyConfig, TrainablePolicy  # noqa: E402
+from trainers.scale.fsdp import (  # noqa: E402
     DistConfig,
     balance,
     destroy_distributed,
@@ -39,7 +40,6 @@ from trainers.distributed import (  # noqa: E402
     shard_policy,
     slots,
 )
-from trainers.policy import PolicyConfig, TrainablePolicy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TOL = 1e-5
@@ -148,10 +148,10 @@ def run_case(case: Case, tok) -> dict:
     modules: dict[str, Any] = {"policy": policy.module}
     stats: dict[str, Any]
     if case.algo == "ppo":
-        from trainers.ppo import Args as PPOArgs
-        from trainers.ppo import add_reference, prepare, update
-        from trainers.tree_batch import rollout_packs
-        from trainers.value import Critic
+        from trainers.batch.tree_batch import rollout_packs
+        from trainers.ppo.train import Args as PPOArgs
+        from trainers.ppo.train import add_reference, prepare, update
+        from trainers.ppo.value import Critic
 
         critic = Critic.for_policy(policy, case.critic, seed=1)
         shard_policy(policy, DistConfig())
@@ -176,16 +176,16 @@ def run_case(case: Case, tok) -> dict:
         opt = torch.optim.SGD(policy.trainable_parameters(), lr=0.5)
         before = _snapshot(modules)
         if case.algo == "grpo":
-            from trainers.grpo import Args, grpo_update
-            from trainers.tree_batch import make_groups, pack_groups
+            from trainers.batch.tree_batch import make_groups, pack_groups
+            from trainers.grpo.train import Args, grpo_update
 
             args = Args(minibatches=case.minibatches, kl_coef=case.kl_coef, max_grad_norm=0.5, chunk_size=64)
             packs = pack_groups(make_groups(grpo_episodes(tok, case.groups)))
             assert len(packs) == case.groups
             stats = dict(grpo_update(policy, opt, packs, args))
         else:
-            from trainers.sft import Args as SFTArgs
-            from trainers.sft import sft_step
+            from trainers.sft.train import Args as SFTArgs
+            from trainers.sft.train import sft_step
 
             stats = dict(sft_step(policy, opt, grpo_episodes(tok, 3)[:5], SFTArgs(max_grad_norm=0.5, chunk_size=64)))
         grads = _grads(modules)

@@ -19,10 +19,10 @@ torch = pytest.importorskip("torch")
 from clawgym_env.capture.records import CallRecord, EpisodeRecord  # noqa: E402
 from clawgym_env.errors import PolicyError  # noqa: E402
 from clawgym_env.policy.chat_format import assistant_text, render_prompt_ids  # noqa: E402
-from trainers.grpo import Args, grpo_loss, grpo_update  # noqa: E402
+from trainers.batch.tree_batch import make_groups, pack_groups  # noqa: E402
+from trainers.grpo.train import Args, grpo_loss, grpo_update  # noqa: E402
 from trainers.metrics import rollout_metrics  # noqa: E402
 from trainers.policy import PolicyConfig, TrainablePolicy  # noqa: E402
-from trainers.tree_batch import make_groups, pack_groups  # noqa: E402
 
 SYSTEM = "You are a careful agent. Use the tools, then answer."
 
@@ -121,7 +121,7 @@ def test_inexact_calls_are_masked(episodes, tokenizer):
 
 def per_call_loss(model, policy, episodes, old_model, ref_model, args):
     """The GRPO loss built independently: every call a separate causal sequence, no tree."""
-    from trainers.advantages import group_advantages
+    from trainers.batch.advantages import group_advantages
 
     def logps(m, seq, start):
         out = m(input_ids=torch.tensor([seq])).logits[0].float() / args.temperature
@@ -167,7 +167,7 @@ def test_packed_tree_loss_and_grads_equal_per_call(episodes, tokenizer):
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
     for p in ref_model.parameters():
         p.data.add_(torch.randn(p.shape, generator=g) * 0.02)
-    from trainers.logprobs import token_logprobs
+    from trainers.batch.logprobs import token_logprobs
 
     packs = pack_groups(make_groups(episodes))
     packed_total = 0.0
@@ -207,7 +207,7 @@ def test_grpo_step_changes_parameters_and_lowers_loss(episodes, tokenizer):
                 total += float(grpo_loss(cur, old, w, pack, clip_low=0.2, clip_high=0.2)[0])
             return total
 
-    from trainers.logprobs import token_logprobs
+    from trainers.batch.logprobs import token_logprobs
 
     with torch.no_grad():
         olds = [token_logprobs(pol.causal_lm, p.packed, mask=p.trainable, vocab_limit=pol.vocab_limit) for p in packs]
@@ -257,7 +257,7 @@ def test_lora_serving_weights_are_merged(tokenizer):
     assert torch.allclose(want, got, atol=1e-5)
     assert not torch.allclose(want, base, atol=1e-3)
 
-    from trainers.sync import InProcessSync
+    from trainers.scale.weight_sync import InProcessSync
 
     sync = InProcessSync.for_policy(pol)
     with torch.no_grad():
@@ -304,7 +304,7 @@ def test_third_party_example_uses_only_the_env_and_serialised_trees(episodes, tm
 
 def test_directory_sync_writes_loadable_versions(tokenizer, tmp_path):
     from clawgym_env.policy.transformers_backend import TransformersPolicy
-    from trainers.sync import DirectorySync, WeightSync
+    from trainers.scale.weight_sync import DirectorySync, WeightSync
 
     pol = TrainablePolicy(PolicyConfig(model="tiny", seed=4), tokenizer=tokenizer)
     seen = []

@@ -10,8 +10,8 @@ torch = pytest.importorskip("torch")
 from test_grpo import episode, tool  # noqa: E402
 
 from clawgym_env.errors import PolicyError  # noqa: E402
-from trainers.grpo import Args, collect_groups  # noqa: E402
-from trainers.tree_batch import group_summary, make_groups, pack_groups  # noqa: E402
+from trainers.batch.tree_batch import group_summary, make_groups, pack_groups  # noqa: E402
+from trainers.grpo.train import Args, collect_groups  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +96,8 @@ def test_a_token_received_only_as_context_is_not_that_episodes_action(tokenizer)
     node, sampled by a; b must get no training pair (GRPO) and no weight (PPO) on those tokens."""
     from clawgym_env.capture.records import CallRecord
     from clawgym_env.capture.tree import CallTree
-    from trainers.ppo import loss_weights
-    from trainers.tree_batch import rollout_pack
+    from trainers.batch.tree_batch import rollout_pack
+    from trainers.ppo.train import loss_weights
 
     task = "alpha Count the lines of a.txt"
     rec_a, calls_a = episode(tokenizer, "a", task, ["It has 3 lines."], 1.0)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from clawgym_env.reward import grade_workspace
-from clawgym_env.reward_links import drop_links_into_reward
-from clawgym_env.task_inputs import modified_inputs, restore_protected
+from clawgym_env.grading.inputs import modified_inputs, restore_protected
+from clawgym_env.grading.reward import grade_workspace
+from clawgym_env.grading.reward_links import drop_links_into_reward
 from tasks import load_task_dir
 
 MOUNT = "/root/.openclaw/workspace"
@@ -133,7 +133,7 @@ def test_the_guest_serves_a_bounded_number_of_runs(tmp_path):
 
 
 def test_outside_a_grading_sandbox_the_client_names_the_fix(monkeypatch):
-    from clawgym_env import guest_client
+    from clawgym_env.grading import guest_client
 
     monkeypatch.delenv(guest_client.SOCKET_ENV, raising=False)
     with pytest.raises(RuntimeError, match="grading sandbox"):

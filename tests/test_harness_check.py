@@ -80,8 +80,8 @@ def test_probe_sees_a_dns_lookup_inside_the_sandbox(tmp_path):
     """A harness that tries to reach the internet is reported, with the name it looked up."""
     import json as _json
 
+    from clawgym_env.envs.runtime import Runtime
     from clawgym_env.plugins import make_harness
-    from clawgym_env.runtime import Runtime
     from tasks import resolve_task
 
     script = tmp_path / "phone_home.json"

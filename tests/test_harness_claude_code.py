@@ -9,9 +9,9 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import clawgym_env  # noqa: F401 - registers the env ids
+from clawgym_env.envs.runtime import Runtime
 from clawgym_env.harness import Endpoint
 from clawgym_env.plugins import make_harness
-from clawgym_env.runtime import Runtime
 from harness_adapters.claude_code import DEFAULT_MODEL, ClaudeCodeAdapter
 from harness_adapters.claude_code.stream_json import parse_stream
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from clawgym_env.episode import run_episode
+from clawgym_env.episodes.run import run_episode
 from clawgym_env.harness import Endpoint, LaunchSpec
 from clawgym_env.policy.scripted import ScriptedPolicy
 from clawgym_env.proxy.server import ProxyServer

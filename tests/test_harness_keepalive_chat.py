@@ -2,7 +2,7 @@
 in the OpenAI chat dialect, keep-alives sent while the slow call runs.
 
 The chat keep-alive is an empty ``chat.completion.chunk`` of the answer (``"choices": []``, see
-:mod:`~clawgym_env.proxy.keepalive`), sent before the role chunk. Each harness here parses it as a chunk and
+:mod:`~clawgym_env.proxy.stream.keepalive`), sent before the role chunk. Each harness here parses it as a chunk and
 must skip it: the episode is solved, no call is re-sent, and the keep-alives did go out (counted at the
 proxy). Harnesses covered: the mini agent streaming (the official ``openai`` Python SDK, raw chunks) and
 OpenClaw's ``openai-completions`` transport (the pi-derived client over the ``openai`` Node SDK). Qwen Code,
@@ -16,10 +16,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from clawgym_env.episode import run_episode
+from clawgym_env.episodes.run import run_episode
 from clawgym_env.plugins import make_harness
 from clawgym_env.policy.scripted import ScriptedPolicy
-from clawgym_env.proxy import openai_chat
+from clawgym_env.proxy.dialects.openai_chat import dialect as openai_chat
 from clawgym_env.proxy.server import ProxyServer
 from clawgym_env.task import Task
 from clawgym_env.testing import SlowPolicy

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
+from clawgym_env.envs.runtime import Runtime
 from clawgym_env.plugins import make_harness
-from clawgym_env.runtime import Runtime
 from harness_adapters.mini.agent import run_tool
 
 BAD_BYTES = r"printf 'before\xff\xfeafter\n'; head -c 64 /bin/true >/dev/null; printf 'bin:\x80\x81\n' >&2"

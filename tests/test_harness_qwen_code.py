@@ -20,9 +20,9 @@ from helpers_harness import (
 )
 
 import clawgym_env  # noqa: F401 - registers the env ids
+from clawgym_env.envs.runtime import RolloutPool, Runtime
 from clawgym_env.errors import HarnessError
 from clawgym_env.harness import Endpoint
-from clawgym_env.runtime import RolloutPool, Runtime
 from clawgym_env.testing import Marked, Watch, assert_no_survivors
 from harness_adapters.install import NODE24, prefix_for
 from harness_adapters.qwen_code import PACKAGE, QwenCodeAdapter

@@ -15,13 +15,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from clawgym_env.envs.runtime import RolloutPool
 from clawgym_env.errors import HarnessError
 from clawgym_env.plugins import make_harness
 from clawgym_env.policy.chat_format import assistant_text, normalize_messages, parse_assistant
-from clawgym_env.proxy.dialects import BY_NAME
+from clawgym_env.proxy.dialects.registry import BY_NAME
 from clawgym_env.proxy.incremental import PromptCache, PromptIds, template_is_local
 from clawgym_env.proxy.splice import splice_prompt
-from clawgym_env.runtime import RolloutPool
 
 TOOLS = [
     {"type": "function", "function": {"name": "bash", "description": "Run a shell command — «safely»",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clawgym_env.episode import prepare_workspace
+from clawgym_env.episodes.run import prepare_workspace
 from clawgym_env.errors import TaskError
 from clawgym_env.task import Task
 from clawgym_env.testing import JudgeServer, free_port

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trainers.policy import PolicyConfig, TrainablePolicy  # noqa: E402
-from trainers.sync import InProcessSync  # noqa: E402
+from trainers.scale.weight_sync import InProcessSync  # noqa: E402
 
 IDS = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32, 38]])
 CASES = (("tiny-moe", 4), ("tiny", 0))
@@ -154,7 +154,7 @@ if __name__ == "__main__":
 
 def _vllm_missing() -> str | None:
     from clawgym_env.errors import PolicyError
-    from clawgym_env.policy.vllm_server import vllm_python
+    from clawgym_env.policy.vllm.server import vllm_python
 
     try:
         vllm_python()
@@ -176,9 +176,9 @@ def test_vllm_serves_the_exported_lora_moe(tmp_path):
     from clawgym_env.policy.base import GenerationContext, SamplingParams
     from clawgym_env.policy.chat_format import render_prompt_ids
     from clawgym_env.policy.transformers_backend import TransformersPolicy
-    from clawgym_env.policy.vllm_server import VLLMServer
-    from trainers.checkpoint import save_checkpoint
-    from trainers.export import export_checkpoint
+    from clawgym_env.policy.vllm.server import VLLMServer
+    from trainers.scale.checkpoint import save_checkpoint
+    from trainers.scale.export import export_checkpoint
 
     cfg = PolicyConfig(model="tiny-moe", device="cpu", seed=0, tiny_heads=2, tiny_kv_heads=1, lora_rank=4)
     policy = TrainablePolicy(cfg)

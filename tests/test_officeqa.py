@@ -294,7 +294,7 @@ def test_check_py_reads_the_payload_and_gold_with_tolerance(tmp_path):
 
 
 def test_generated_verifier_grades_hermetically_in_the_sandbox(tmp_path):
-    from clawgym_env.reward import grade_workspace
+    from clawgym_env.grading.reward import grade_workspace
 
     suite = load_officeqa(CSV, cache_dir=tmp_path / "cache")
     task = suite.get("FQA004")

@@ -1,5 +1,5 @@
 """One reward: a JobBench task and a hybrid ClawGym-Bench task get the same reward in ``env.step``,
-in a training step's rollouts (:func:`trainers.rollouts.run_jobs`) and in ``clawgym eval`` — all
+in a training step's rollouts (:func:`trainers.rollouts.sync.run_jobs`) and in ``clawgym eval`` — all
 graded inside the episode by the task's grader, with the judge served by a real local
 OpenAI-compatible HTTP server. A judge that fails gives ``reward_invalid``, never a 0."""
 
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from clawgym_env.env import ClawGymEnv
-from clawgym_env.runtime import Runtime
+from clawgym_env.envs.env import ClawGymEnv
+from clawgym_env.envs.runtime import Runtime
 from clawgym_env.testing import JudgeServer
 from leaderboards.run import run_eval
 from leaderboards.schema import read_results
 from tasks import load_suite
 from tasks.judge import JudgeClient
-from trainers.rollouts import run_jobs
+from trainers.rollouts.sync import run_jobs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tasks" / "fixtures"
 RUBRIC_SCORE = 0.5
@@ -131,7 +131,7 @@ def test_a_suite_that_needs_a_judge_fails_fast_without_one(monkeypatch):
     the variables, instead of turning every episode into reward_invalid."""
     from clawgym_env.errors import ClawGymError
     from tasks import load_suite
-    from trainers.rollouts import judge_for
+    from trainers.rollouts.sync import judge_for
 
     for var in ("CLAWGYM_JUDGE_BASE_URL", "CLAWGYM_JUDGE_MODEL", "CLAWGYM_JUDGE_API_KEY"):
         monkeypatch.delenv(var, raising=False)
@@ -145,7 +145,7 @@ def test_a_suite_that_needs_a_judge_fails_fast_without_one(monkeypatch):
 def _judged_tasks():
     from pathlib import Path
 
-    from clawgym_env.grading import needs_judge
+    from clawgym_env.grading.grade import needs_judge
     from tasks import load_suite
 
     root = Path(__file__).resolve().parents[1] / "tasks" / "fixtures" / "clawgym_bench"

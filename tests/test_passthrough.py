@@ -11,13 +11,13 @@ import json
 
 import pytest
 
+from clawgym_env.envs.runtime import Runtime
 from clawgym_env.errors import PolicyError
 from clawgym_env.plugins import make_harness
 from clawgym_env.policy import GenerationContext, SamplingParams, make_policy
-from clawgym_env.policy.passthrough import PassthroughPolicy, anthropic_request
+from clawgym_env.policy.passthrough.policy import PassthroughPolicy, anthropic_request
 from clawgym_env.policy.scripted import ScriptedPolicy
 from clawgym_env.proxy.server import ProxyServer
-from clawgym_env.runtime import Runtime
 
 
 def _tool_calls(message):
@@ -113,7 +113,7 @@ def test_raw_stream_reader_matches_the_reply_and_raises_on_an_error_event():
     comments and a missing space after ``data:`` read as SSE says; an ``error`` event is a PolicyError."""
     import asyncio
 
-    from clawgym_env.policy.passthrough_wire import Answer, openai_json_answer, openai_raw_stream
+    from clawgym_env.policy.passthrough.wire import Answer, openai_json_answer, openai_raw_stream
 
     def chunk(delta: dict, finish: str | None = None) -> str:
         return json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})

@@ -25,8 +25,8 @@ import pytest
 
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import GenerationContext, SamplingParams
-from clawgym_env.policy.passthrough import PassthroughPolicy
-from clawgym_env.policy.passthrough_bounds import CHARS_PER_TOKEN, bounded_lines
+from clawgym_env.policy.passthrough.bounds import CHARS_PER_TOKEN, bounded_lines
+from clawgym_env.policy.passthrough.policy import PassthroughPolicy
 from clawgym_env.proxy.server import ProxyServer
 
 CAP = 64 << 20

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from clawgym_env.policy.passthrough import PassthroughPolicy
+from clawgym_env.policy.passthrough.policy import PassthroughPolicy
 from clawgym_env.proxy.server import ProxyServer
 
 HOLD_S = 20.0

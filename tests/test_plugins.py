@@ -23,7 +23,7 @@ def test_every_builtin_plugin_is_found_by_name():
     assert set(plugins.algorithms.names()) >= {"grpo", "ppo", "sft"}
     adapter = plugins.make_harness("Claude_Code")  # case and _ / - do not matter
     assert isinstance(adapter, HarnessAdapter) and adapter.name == "claude-code"
-    assert plugins.algorithms.load("grpo").__name__ == "trainers.grpo"
+    assert plugins.algorithms.load("grpo").__name__ == "trainers.grpo.train"
 
 
 @pytest.mark.parametrize("registry, typo, close", [
@@ -118,7 +118,7 @@ def test_load_suite_by_name_by_folder_and_unknown(tmp_path):
 
 
 def test_a_task_names_its_grader_and_the_engine_finds_it(tmp_path):
-    from clawgym_env.grading import GradeResult, grade_episode
+    from clawgym_env.grading.grade import GradeResult, grade_episode
 
     class Always:
         name = "always"

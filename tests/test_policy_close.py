@@ -16,7 +16,7 @@ import pytest
 import clawgym_env.policy as policy_mod
 import clawgym_env.proxy.server as server_mod
 from clawgym_cli.commands import cmd_serve_proxy
-from clawgym_env.runtime import Runtime
+from clawgym_env.envs.runtime import Runtime
 from clawgym_env.testing import EchoScriptPolicy
 
 

@@ -134,7 +134,7 @@ def test_errors_name_the_url_or_the_field(tokenizer):
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/install.sh)")
 def test_an_episode_through_the_remote_expert_scores_as_locally(tokenizer, suite, tmp_path):
-    from clawgym_env.runtime import Runtime
+    from clawgym_env.envs.runtime import Runtime
 
     with serve_policy(ScriptedPolicy("expert", tokenizer=tokenizer)) as server, \
             Runtime(RemotePolicy(server.url, server.token, tokenizer=tokenizer), out_dir=tmp_path) as rt:

@@ -20,12 +20,12 @@ from clawgym_env.capture.records import CallRecord, EpisodeRecord  # noqa: E402
 from clawgym_env.capture.tree import CallTree  # noqa: E402
 from clawgym_env.policy.chat_format import assistant_text, render_prompt_ids  # noqa: E402
 from clawgym_env.policy.tiny import build_tiny_qwen3  # noqa: E402
-from trainers.advantages import leaf_rewards, tree_gae  # noqa: E402
-from trainers.logprobs import token_logprobs  # noqa: E402
-from trainers.packing import pack_trees, tree_tokens  # noqa: E402
-from trainers.ppo import Args, add_reference, ppo_loss, prepare, update  # noqa: E402
-from trainers.tree_batch import rollout_pack  # noqa: E402
-from trainers.value import Critic, node_values, packed_values  # noqa: E402
+from trainers.batch.advantages import leaf_rewards, tree_gae  # noqa: E402
+from trainers.batch.logprobs import token_logprobs  # noqa: E402
+from trainers.batch.packing import pack_trees, tree_tokens  # noqa: E402
+from trainers.batch.tree_batch import rollout_pack  # noqa: E402
+from trainers.ppo.train import Args, add_reference, ppo_loss, prepare, update  # noqa: E402
+from trainers.ppo.value import Critic, node_values, packed_values  # noqa: E402
 
 
 def _call(tok, episode, i, prompt, text, seed):
@@ -122,7 +122,7 @@ def _path_forward(model, head, ids, vocab_limit, temperature):
 
 
 def _per_path_loss(model, old_model, ref_model, head, old_head, trees, args, vocab_limit):
-    """The PPO loss of :mod:`trainers.ppo` from scratch, per rollout: every root-to-leaf path is an
+    """The PPO loss of :mod:`trainers.ppo.train` from scratch, per rollout: every root-to-leaf path is an
     ordinary causal forward; each episode's loss is the mean of its own DISTINCT sampled tokens' terms
     (a token on a prefix shared by two of its paths counts once), and the episodes are averaged."""
     per_episode: list = []
@@ -292,7 +292,7 @@ def test_gae_returns_are_the_value_targets(model, tokenizer, trees):
 
 
 def _hidden(model, pack):
-    from trainers.logprobs import packed_hidden_states
+    from trainers.batch.logprobs import packed_hidden_states
 
     return packed_hidden_states(model, pack)
 
@@ -406,7 +406,7 @@ def test_clawgym_train_config_runs_ppo_end_to_end(tmp_path, tokenizer):
     # both training steps sampled before the first sync; the final evaluation samples the synced version 1
     versions = sorted(json.loads(p.read_text())["policy_version"] for p in (out / "episodes").glob("*/episode.json"))
     assert calls and versions == [0] * 4 + [1]
-    from trainers.checkpoint import checkpoint_tensors
+    from trainers.scale.checkpoint import checkpoint_tensors
 
     state = checkpoint_tensors(out / "checkpoints" / "step_000002")
     init = build_tiny_qwen3(tokenizer, seed=0)

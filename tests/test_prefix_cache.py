@@ -17,17 +17,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import trainers.grpo as grpo  # noqa: E402
-import trainers.grpo_update as grpo_update  # noqa: E402
+import trainers.grpo.train as grpo  # noqa: E402
+import trainers.grpo.update as grpo_update  # noqa: E402
 from clawgym_env.capture.records import CallRecord, EpisodeRecord  # noqa: E402
 from clawgym_env.capture.tree import CallTree  # noqa: E402
 from clawgym_env.errors import PolicyError  # noqa: E402
 from clawgym_env.policy.tiny import build_tiny_qwen3  # noqa: E402
-from trainers.logprobs import forward_form, forward_segments, packed_hidden_states, token_logprobs  # noqa: E402
-from trainers.packing import PackedTree, pack_trees  # noqa: E402
+from trainers.batch.logprobs import forward_form, forward_segments, packed_hidden_states, token_logprobs  # noqa: E402
+from trainers.batch.packing import PackedTree, pack_trees  # noqa: E402
+from trainers.batch.tree_batch import make_groups, pack_groups  # noqa: E402
 from trainers.policy import PolicyConfig, TrainablePolicy  # noqa: E402
-from trainers.tree_batch import make_groups, pack_groups  # noqa: E402
-from trainers.value import Critic  # noqa: E402
+from trainers.ppo.value import Critic  # noqa: E402
 
 TOL = 1e-5
 

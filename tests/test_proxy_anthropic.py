@@ -15,7 +15,7 @@ import pytest
 from anthropic import Anthropic
 
 from clawgym_env.policy.chat_format import assistant_text, normalize_messages, render_prompt_ids, render_prompt_text
-from clawgym_env.proxy.anthropic_messages import signature
+from clawgym_env.proxy.dialects.anthropic.dialect import signature
 from clawgym_env.proxy.server import ProxyServer
 from clawgym_env.testing import FAIL, EchoScriptPolicy
 

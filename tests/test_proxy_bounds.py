@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from clawgym_env.proxy.bounds import VALUE_BYTES, ProxyLimits
-from clawgym_env.proxy.dialects import DIALECTS
+from clawgym_env.proxy.dialects.registry import DIALECTS
+from clawgym_env.proxy.guards.bounds import VALUE_BYTES, ProxyLimits
 from clawgym_env.proxy.recorded import ELIDED_KEY
 from clawgym_env.proxy.server import ProxyServer
 from clawgym_env.testing import EchoScriptPolicy

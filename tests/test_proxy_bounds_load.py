@@ -1,5 +1,5 @@
 """The proxy defends itself against many requests at once: connections and request bytes in flight,
-per episode and overall (:mod:`clawgym_env.proxy.bounds`).
+per episode and overall (:mod:`clawgym_env.proxy.guards.bounds`).
 
 The attacks are the issue's uploads held just before their last bytes and connection floods, scaled down
 by small limits; they run against a real :class:`ProxyServer` over raw TCP and the episode's own unix
@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from clawgym_env.proxy.bounds import ProxyLimits
+from clawgym_env.proxy.guards.bounds import ProxyLimits
 from clawgym_env.proxy.server import ProxyServer
 from clawgym_env.testing import EchoScriptPolicy
 

@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from clawgym_env.policy.passthrough import PassthroughPolicy
+from clawgym_env.policy.passthrough.policy import PassthroughPolicy
 from clawgym_env.proxy.server import ProxyServer
 from clawgym_env.testing import EchoScriptPolicy
 

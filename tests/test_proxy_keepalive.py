@@ -18,9 +18,9 @@ import httpx2
 import openai
 import pytest
 
-from clawgym_env.proxy.live import LiveStart
-from clawgym_env.proxy.openai_chat import ChatLive, parse_request
+from clawgym_env.proxy.dialects.openai_chat.dialect import ChatLive, parse_request
 from clawgym_env.proxy.server import ProxyServer
+from clawgym_env.proxy.stream.live import LiveStart
 from clawgym_env.testing import FAIL, EchoScriptPolicy
 
 SLOW_S = 2.5

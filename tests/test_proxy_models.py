@@ -14,11 +14,13 @@ import pytest
 from clawgym_env.capture.records import Dialect
 from clawgym_env.errors import ProxyError
 from clawgym_env.policy.chat_format import IM_END, parse_assistant, segment
-from clawgym_env.proxy import anthropic_messages, openai_chat, openai_responses
 from clawgym_env.proxy.app import DIALECT_ROUTES, SIDE_ROUTES
-from clawgym_env.proxy.dialects import DIALECTS, NAMES, DialectName, spec
-from clawgym_env.proxy.requests_base import field_path
-from clawgym_env.proxy.streaming import iter_deltas
+from clawgym_env.proxy.deltas import iter_deltas
+from clawgym_env.proxy.dialects.anthropic import dialect as anthropic_messages
+from clawgym_env.proxy.dialects.openai_chat import dialect as openai_chat
+from clawgym_env.proxy.dialects.registry import DIALECTS, NAMES, DialectName, spec
+from clawgym_env.proxy.dialects.request_base import field_path
+from clawgym_env.proxy.dialects.responses import dialect as openai_responses
 
 CHAT = {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
                                    {"role": "assistant", "content": "", "tool_calls": [

@@ -18,8 +18,8 @@ from openai import OpenAI
 
 from clawgym_env.errors import ProxyError
 from clawgym_env.policy.chat_format import IM_END, assistant_text, parse_assistant, render_prompt_text
+from clawgym_env.proxy.deltas import iter_deltas, segment, stop_cut, token_pieces
 from clawgym_env.proxy.server import ProxyServer, serve_proxy
-from clawgym_env.proxy.streaming import iter_deltas, segment, stop_cut, token_pieces
 from clawgym_env.testing import FAIL, EchoScriptPolicy
 
 TOOLS = [{"type": "function", "function": {

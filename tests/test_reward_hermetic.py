@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from clawgym_env.envs.runtime import Runtime
+from clawgym_env.grading.reward import grade_workspace, parse_reward_output
 from clawgym_env.plugins import make_harness
-from clawgym_env.reward import grade_workspace, parse_reward_output
-from clawgym_env.runtime import Runtime
 
 
 def _cheat_steps(task):

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.errors import SandboxError
-from clawgym_env.sandbox import _bwrap_run as bwrap_run
 from clawgym_env.sandbox.base import SandboxLimits, SandboxSpec
-from clawgym_env.sandbox.bwrap import BwrapSandbox, check_bwrap
+from clawgym_env.sandbox.bwrap import run as bwrap_run
+from clawgym_env.sandbox.bwrap.sandbox import BwrapSandbox, check_bwrap
 
 try:
     check_bwrap(True)

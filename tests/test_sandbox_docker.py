@@ -333,7 +333,7 @@ def test_project_python_works_inside(engine, workspace):
         res = sb.exec(["python3", "-c", "import openai; print('imports ok')"], timeout=120)
         assert res.ok, res.stderr[-2000:]
         assert res.stdout.strip() == "imports ok"
-        for ours in ("clawgym_env.episode", "tasks.suites"):  # our own packages (answer keys) are never visible
+        for ours in ("clawgym_env.episodes.run", "tasks.suites"):  # our own packages (answer keys) are never visible
             res = sb.exec(["python3", "-c", f"import {ours}"], timeout=120)
             assert res.returncode != 0 and "ModuleNotFoundError" in res.stderr, res
 
@@ -346,8 +346,8 @@ def test_no_engine_gives_a_clear_error(monkeypatch, workspace):
 
 
 def test_whole_episode_runs_through_docker(engine, tmp_path):
+    from clawgym_env.envs.runtime import Runtime
     from clawgym_env.plugins import make_harness
-    from clawgym_env.runtime import Runtime
     from tasks import load_suite
 
     task = load_suite("builtin").tasks[0]
@@ -384,7 +384,7 @@ def _wait_warm(pool, spec, n: int, limit_s: float = 120.0) -> None:
 def test_pool_hands_each_warm_container_out_once_and_destroys_it_after(engine, tmp_path):
     import docker
 
-    from clawgym_env.sandbox.docker_pool import DockerPool
+    from clawgym_env.sandbox.docker.pool import DockerPool
 
     sock_path = tmp_path / "proxy" / "proxy.sock"
     sock_path.parent.mkdir()
@@ -435,7 +435,7 @@ def test_pool_hands_each_warm_container_out_once_and_destroys_it_after(engine, t
 
 @pytest.mark.slow
 def test_runtime_with_a_sandbox_pool_runs_whole_episodes(engine, tmp_path):
-    from clawgym_env.runtime import RolloutPool, Runtime
+    from clawgym_env.envs.runtime import RolloutPool, Runtime
     from clawgym_env.testing import EchoHarness, EchoScriptPolicy, echo_suite
 
     suite = echo_suite(tmp_path / "suite")

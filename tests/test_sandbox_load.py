@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pytest
 
+from clawgym_env.envs.runtime import RolloutPool, Runtime
 from clawgym_env.errors import SandboxError
 from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
-from clawgym_env.runtime import RolloutPool, Runtime
 from clawgym_env.sandbox import SandboxSpec, get_backend
-from clawgym_env.sandbox._hostside import _hierarchy_base, _own_cgroups
-from clawgym_env.sandbox.bwrap import check_bwrap
+from clawgym_env.sandbox.bwrap.hostside import _hierarchy_base, _own_cgroups
+from clawgym_env.sandbox.bwrap.sandbox import check_bwrap
 from clawgym_env.task import Task, TaskLimits
 from clawgym_env.testing import EchoHarness, EchoScriptPolicy, EchoTaskSpec, echo_suite
 
@@ -293,7 +293,7 @@ from clawgym_env.sandbox import SandboxSpec, get_backend
 backend, ws, sock = sys.argv[1:4]
 spec = SandboxSpec(workspace_host=pathlib.Path(ws), proxy_socket=pathlib.Path(sock))
 if backend == "docker-pool":
-    from clawgym_env.sandbox.docker_pool import DockerPool
+    from clawgym_env.sandbox.docker.pool import DockerPool
     pool = DockerPool(2)
     pool.prewarm(spec)
     while pool.warm_count(spec) < 2:

@@ -50,7 +50,7 @@ def test_fleet_and_train_configs_refuse_a_pool_for_another_sandbox():
     with pytest.raises(ValueError, match="sandbox_pool: warm sandboxes are for sandbox='docker' only"):
         FleetConfig(policy="scripted:expert", sandbox_pool=2)
     assert FleetConfig(policy="scripted:expert", sandbox="docker", sandbox_pool=2).sandbox_pool == 2
-    from trainers.rollouts import RolloutConfig
+    from trainers.rollouts.sync import RolloutConfig
 
     with pytest.raises(ValueError, match="rollout.sandbox_pool must be >= 0"):
         RolloutConfig(sandbox_pool=-1)
@@ -58,7 +58,7 @@ def test_fleet_and_train_configs_refuse_a_pool_for_another_sandbox():
 
 
 def test_the_runtime_hands_its_pool_to_a_ray_fleet():
-    from clawgym_env.runtime import RolloutPool, Runtime
+    from clawgym_env.envs.runtime import RolloutPool, Runtime
 
     rt = Runtime("scripted:expert", sandbox="docker", sandbox_pool=2)
     pool = RolloutPool(rt, backend="ray", concurrency=3)
@@ -81,7 +81,7 @@ def _http_echo() -> EchoHarness:
 @pytest.mark.slow
 def test_eval_through_a_warm_pool_from_the_command_line(engine, tmp_path, monkeypatch, capsys):
     from clawgym_env import plugins
-    from clawgym_env.sandbox import docker_pool
+    from clawgym_env.sandbox.docker import pool as docker_pool
 
     served: list[docker_pool.PoolStats] = []
 

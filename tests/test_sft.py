@@ -14,9 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainers import sft  # noqa: E402
-from trainers.logprobs import token_logprobs  # noqa: E402
+from trainers.batch.logprobs import token_logprobs  # noqa: E402
 from trainers.policy import PolicyConfig, TrainablePolicy  # noqa: E402
+from trainers.sft import train as sft  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/install.sh)")
 

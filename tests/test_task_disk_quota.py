@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from clawgym_env.envs.runtime import Runtime
 from clawgym_env.errors import SandboxError, TaskError
 from clawgym_env.plugins import load_suite, make_harness, sandboxes
-from clawgym_env.runtime import Runtime
 from clawgym_env.sandbox import SandboxLimits
 from clawgym_env.task import TaskLimits
 from clawgym_env.testing import EchoTaskSpec, echo_suite
@@ -115,7 +115,7 @@ def test_episode_sandbox_gets_the_task_limits(tmp_path):
 # ---- a real episode in bubblewrap -----------------------------------------------------------------
 
 def _bwrap_quota_problem() -> str | None:
-    from clawgym_env.sandbox.bwrap import check_bwrap
+    from clawgym_env.sandbox.bwrap.sandbox import check_bwrap
 
     if os.geteuid() != 0:
         return "only a root driver gives bubblewrap sandboxes a size-limited workspace"
@@ -152,8 +152,8 @@ def test_task_quota_is_enforced_and_recorded_in_bwrap(tmp_path, disk_mb):
 
 @pytest.mark.parametrize("disk_mb,agent", [(None, SandboxLimits().disk_mb), (8, 8), (5000, 5000)])
 def test_the_grader_gets_room_for_the_agents_workspace(tmp_path, disk_mb, agent):
-    from clawgym_env.grading_room import GRADER_RESERVE_MB
-    from clawgym_env.reward import grade_workspace
+    from clawgym_env.grading.reward import grade_workspace
+    from clawgym_env.grading.room import GRADER_RESERVE_MB
 
     suite = echo_suite(tmp_path / "s", [EchoTaskSpec("a", "x", expect="x")])
     task = suite.tasks[0].model_copy(deep=True)

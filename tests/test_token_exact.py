@@ -13,9 +13,9 @@ import json
 import pytest
 
 from clawgym_env.capture.tree import CallTree, expected_tree_tokens
+from clawgym_env.envs.runtime import RolloutPool
 from clawgym_env.errors import HarnessError
 from clawgym_env.plugins import make_harness
-from clawgym_env.runtime import RolloutPool
 
 THRESHOLD = {"mini": 0.99, "claude-code": 0.99, "codex": 0.99, "qwen-code": 0.99, "openclaw": 0.95}
 TASKS = {"openclaw": 2}

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from clawgym_cli.main import main  # noqa: E402
-from trainers.checkpoint import checkpoint_tensors, stored_keys  # noqa: E402
+from trainers.scale.checkpoint import checkpoint_tensors, stored_keys  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/install.sh)")
 
@@ -83,7 +83,7 @@ def test_train_runs_checkpoints_and_resumes(tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["algo"] == "grpo"
 
     # resume: the same config with three steps continues at step 3 from the saved weights
-    import trainers.grpo as grpo
+    import trainers.grpo.train as grpo
 
     seen = {}
     real_update = grpo.grpo_update
@@ -134,7 +134,7 @@ def test_shipped_configs_parse():
 
 
 def test_harness_plan_splits_groups_by_ratio():
-    from trainers.rollouts import harness_available, harness_plan
+    from trainers.rollouts.sync import harness_available, harness_plan
 
     assert harness_available("mini") == (True, "")
     assert harness_available("nosuch")[0] is False
@@ -159,7 +159,7 @@ def test_every_config_field_is_documented_and_shown_by_help_config(capsys):
 
 def test_config_validation_names_every_bad_key_and_runs_the_args_checks(tmp_path, capsys):
     from trainers.config_doc import ConfigError, validate
-    from trainers.grpo import Args
+    from trainers.grpo.train import Args
 
     with pytest.raises(ConfigError) as err:
         validate(Args, {"steps": "many", "policy": {"lora_rnak": 4}, "learning_rate": 1})

@@ -46,9 +46,10 @@ def make_suite(root: Path) -> Path:
 # -- without Ray --------------------------------------------------------------------------------
 
 def test_rollout_section_validates_and_documents_itself():
-    from trainers import grpo, ppo
     from trainers.config_doc import ConfigError, describe, validate
-    from trainers.rollouts import RolloutConfig, rollout_fleet
+    from trainers.grpo import train as grpo
+    from trainers.ppo import train as ppo
+    from trainers.rollouts.sync import RolloutConfig, rollout_fleet
 
     for algo in (grpo, ppo):
         args = validate(algo.Args, {"rollout": {"backend": "ray", "ray_address": "auto", "max_attempts": 2}})
@@ -71,7 +72,7 @@ class _FakeRayFleet:
         self.batches = []
 
     def run_mixed(self, jobs, *, on_result=None, **kwargs):
-        from clawgym_env.episode import EpisodeResult
+        from clawgym_env.episodes.run import EpisodeResult
         from clawgym_env.fleet.worker import infra_result
 
         self.batches.append(([(t.id, s, a) for t, s, a in jobs], kwargs))
@@ -85,7 +86,7 @@ class _FakeRayFleet:
 
 def test_jobs_through_several_harnesses_come_back_in_job_order():
     from clawgym_env.task import Task
-    from trainers.rollouts import RolloutConfig, RolloutFleet, run_jobs
+    from trainers.rollouts.sync import RolloutConfig, RolloutFleet, run_jobs
 
     tasks = [Task(id=f"t{i}", instruction="x") for i in range(3)]
     jobs = [(tasks[0], "a"), (tasks[1], "b"), (tasks[2], "a")]
@@ -122,7 +123,7 @@ def cluster():
 @pytest.mark.slow
 @needs_bwrap
 def test_grpo_trains_on_the_ray_fleet_with_the_step_version_on_every_call(cluster, tmp_path, monkeypatch):
-    import trainers.grpo as grpo
+    import trainers.grpo.train as grpo
     from clawgym_cli.main import main
 
     out = tmp_path / "run"

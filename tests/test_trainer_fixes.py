@@ -10,14 +10,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from clawgym_env.capture.records import EpisodeRecord  # noqa: E402
-from clawgym_env.episode import EpisodeResult  # noqa: E402
+from clawgym_env.episodes.run import EpisodeResult  # noqa: E402
 from clawgym_env.task import Task  # noqa: E402
-from trainers import grpo  # noqa: E402
-from trainers.checkpoint import save_checkpoint  # noqa: E402
-from trainers.evaluation import eval_harnesses, evaluate_harnesses  # noqa: E402
-from trainers.logprobs import _checkpointing  # noqa: E402
+from trainers.batch.logprobs import _checkpointing  # noqa: E402
+from trainers.grpo import train as grpo  # noqa: E402
 from trainers.policy import PolicyConfig, TrainablePolicy  # noqa: E402
-from trainers.value import Critic  # noqa: E402
+from trainers.ppo.value import Critic  # noqa: E402
+from trainers.rollouts.evaluation import eval_harnesses, evaluate_harnesses  # noqa: E402
+from trainers.scale.checkpoint import save_checkpoint  # noqa: E402
 
 
 def _tiny(**kw) -> TrainablePolicy:

@@ -1,4 +1,4 @@
-"""Tree cleaning (trainers.tree_clean) on constructed episodes over real Qwen3 token ids.
+"""Tree cleaning (trainers.batch.clean) on constructed episodes over real Qwen3 token ids.
 
 The "rich" episode has a main conversation (3 calls, one of them retried after a discarded answer that shares
 a few tokens with the retry's), a side call (its own system prompt), a 2-call subagent and a compaction call
@@ -22,11 +22,11 @@ from clawgym_env.capture.records import CallKind, CallRecord, EpisodeRecord  # n
 from clawgym_env.capture.tree import CallTree  # noqa: E402
 from clawgym_env.errors import PolicyError  # noqa: E402
 from clawgym_env.policy.chat_format import render_prompt_ids  # noqa: E402
-from trainers.async_rollouts import AsyncConfig, RolloutAhead, StepBatch  # noqa: E402
-from trainers.ppo import clean_trees, episode_trees  # noqa: E402
-from trainers.sft import clean_expert  # noqa: E402
-from trainers.tree_batch import group_summary, make_groups, pack_groups  # noqa: E402
-from trainers.tree_clean import CleanConfig, CleanStats, clean_episode  # noqa: E402
+from trainers.batch.clean import CleanConfig, CleanStats, clean_episode  # noqa: E402
+from trainers.batch.tree_batch import group_summary, make_groups, pack_groups  # noqa: E402
+from trainers.ppo.train import clean_trees, episode_trees  # noqa: E402
+from trainers.rollouts.ahead import AsyncConfig, RolloutAhead, StepBatch  # noqa: E402
+from trainers.sft.train import clean_expert  # noqa: E402
 
 MAIN_SYSTEM = "You are a careful agent. Use the tools, then answer."
 TASK = "alpha Count the lines of a.txt"
@@ -316,7 +316,7 @@ print(1.0 if len(p.get("final_message") or "") % 2 == 0 else 0.0)'
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/install.sh)")
 def test_one_grpo_step_through_mini_logs_the_clean_metrics(tmp_path, tokenizer):
-    from trainers.grpo import Args, train
+    from trainers.grpo.train import Args, train
     from trainers.policy import PolicyConfig
 
     d = tmp_path / "suite" / "parity_0"

@@ -20,8 +20,8 @@ from clawgym_env.capture.tree import CallTree  # noqa: E402
 from clawgym_env.errors import PolicyError  # noqa: E402
 from clawgym_env.policy.chat_format import assistant_text, render_prompt_ids, render_prompt_text  # noqa: E402
 from clawgym_env.policy.tiny import build_tiny_qwen3  # noqa: E402
-from trainers.logprobs import chunked_logprobs, mask_form_for, token_logprobs  # noqa: E402
-from trainers.packing import pack_batch, pack_trees, tree_tokens  # noqa: E402
+from trainers.batch.logprobs import chunked_logprobs, mask_form_for, token_logprobs  # noqa: E402
+from trainers.batch.packing import pack_batch, pack_trees, tree_tokens  # noqa: E402
 
 SYSTEM = "You are a careful coding agent. Use the tools to inspect the workspace before answering."
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
@@ -278,7 +278,7 @@ def test_chunked_logprobs_equal_unchunked(model, tokenizer, recompute, dtype, en
 def test_prefix_cache_forward_equals_per_path_and_is_auto(model, tokenizer, branchy_tree, impl):
     """The branchy tree (chat-template ids, two roots, a branch inside the system prompt) through the
     prefix-KV-reuse forward: what ``auto`` runs under sdpa/eager, equal to the dense mask and per path."""
-    from trainers.logprobs import forward_form
+    from trainers.batch.logprobs import forward_form
 
     vl = len(tokenizer)
     p = pack_trees([branchy_tree, group_tree(tokenizer)])

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from clawgym_env.capture.tree import CallTree, TreeNode
 from clawgym_env.capture.tree_io import read_jsonl, to_jsonl, tree_to_dict
 from clawgym_env.capture.tree_meta import EpisodeSummary, TreeMeta
-from trainers.advantages import episode_own_tokens, node_episodes
+from trainers.batch.advantages import episode_own_tokens, node_episodes
 from trainers.summary import ExpertCounts, TrainSummary, read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def test_no_reader_treats_tree_meta_as_a_dict():
 
 
 def test_the_trainable_rule_has_one_implementation():
-    """Only trainers/packing.py combines the masks into the trainable rule; every trainer calls it."""
+    """Only trainers/batch/packing.py combines the masks into the trainable rule; every trainer calls it."""
     copies = [p.name for p in sorted((ROOT / "trainers").glob("*.py"))
               if "logprob_known & ~" in p.read_text(encoding="utf-8") or
               "inexact_token_mask(" in p.read_text(encoding="utf-8")]
@@ -76,8 +76,8 @@ def test_the_trainable_rule_has_one_implementation():
 
 def test_ppo_loss_weights_come_from_the_one_batch_builder():
     torch = pytest.importorskip("torch")
-    from trainers.ppo_targets import loss_weights
-    from trainers.tree_batch import TrainPack, rollout_pack
+    from trainers.batch.tree_batch import TrainPack, rollout_pack
+    from trainers.ppo.targets import loss_weights
 
     batch = rollout_pack([branched_tree()])
     assert isinstance(batch, TrainPack) and [e.trainable_tokens for e in batch.episodes] == [3, 3]

@@ -7,7 +7,7 @@ sync test; the tests run in file order and the last one stops it.
 
 The tiny models use head_dim 32 (vLLM's CPU attention has no kernel for the default tiny head_dim 16).
 The served one has untied input/output embeddings, so the in-place weight sync is trustworthy for it;
-the tied one exercises the restart path (see clawgym_env.policy.vllm_server).
+the tied one exercises the restart path (see clawgym_env.policy.vllm.server).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pytest
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy import make_policy
 from clawgym_env.policy.base import GenerationContext, SamplingParams
-from clawgym_env.policy.vllm_backend import VLLMPolicy, normalize_base_url
-from clawgym_env.policy.vllm_server import VLLMServer, free_port, vllm_python
+from clawgym_env.policy.vllm.backend import VLLMPolicy, normalize_base_url
+from clawgym_env.policy.vllm.server import VLLMServer, free_port, vllm_python
 
 CTX = GenerationContext()
 TOL = 1e-4  # logprob tolerance vLLM vs transformers, fp32 on CPU; measured max |diff| here: ~6e-6
@@ -246,8 +246,8 @@ def test_tokenizer_mismatch_is_refused(server):
 # -- a whole episode ----------------------------------------------------------------------------------
 @server_test
 def test_mini_episode_through_the_proxy_is_token_exact(policy, reference, builtin_suite, tmp_path):
+    from clawgym_env.envs.runtime import Runtime
     from clawgym_env.plugins import make_harness
-    from clawgym_env.runtime import Runtime
 
     task = builtin_suite.tasks[0]
     sampling = {"max_tokens": 48, "temperature": 1.0, "top_p": 1.0, "seed": 4321}

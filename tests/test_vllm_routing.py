@@ -22,7 +22,7 @@ from clawgym_env.policy.replicas import (
     VersionGate,
     parse_prometheus,
 )
-from clawgym_env.policy.vllm_server import free_port
+from clawgym_env.policy.vllm.server import free_port
 
 # -- fake replicas ------------------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ def _fake_engine(conn) -> None:
     mixed into a worker whose model is a ``Linear(4, 3)``; ``GET /state`` shows the weights."""
     import torch
 
-    from clawgym_env.policy.vllm_ext.clawgym_vllm_ext import WeightReceiverExtension
+    from clawgym_env.policy.vllm.ext.clawgym_vllm_ext import WeightReceiverExtension
 
     model = torch.nn.Linear(4, 3)
 
@@ -88,7 +88,7 @@ def test_weight_broadcast_into_a_worker_extension_over_gloo():
     import httpx
     import torch
 
-    from clawgym_env.policy.vllm_collective import WeightBroadcaster
+    from clawgym_env.policy.vllm.collective import WeightBroadcaster
 
     parent, child = mp.get_context("spawn").Pipe()
     proc = mp.get_context("spawn").Process(target=_fake_engine, args=(child,), daemon=True)
@@ -125,7 +125,7 @@ def test_the_worker_extension_imports_without_clawgym(tmp_path):
     import subprocess
     import sys
 
-    from clawgym_env.policy.vllm_server import EXTENSION_DIR, WORKER_EXTENSION
+    from clawgym_env.policy.vllm.server import EXTENSION_DIR, WORKER_EXTENSION
 
     module, _, cls = WORKER_EXTENSION.partition(".")
     code = (f"import sys, {module}; assert hasattr({module}.{cls}, 'clawgym_update_weights'); "
@@ -138,7 +138,7 @@ def test_the_worker_extension_imports_without_clawgym(tmp_path):
 
 
 def test_server_command_with_the_worker_extension(tmp_path, monkeypatch):
-    from clawgym_env.policy.vllm_server import EXTENSION_DIR, WORKER_EXTENSION, VLLMServer
+    from clawgym_env.policy.vllm.server import EXTENSION_DIR, WORKER_EXTENSION, VLLMServer
 
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
@@ -158,7 +158,7 @@ def test_server_command_with_the_worker_extension(tmp_path, monkeypatch):
 def test_wire_metadata_round_trip():
     import torch
 
-    from clawgym_env.policy.vllm_ext.clawgym_vllm_ext import GroupSpec, decode_meta, encode_meta
+    from clawgym_env.policy.vllm.ext.clawgym_vllm_ext import GroupSpec, decode_meta, encode_meta
 
     meta = decode_meta(encode_meta([("a", torch.zeros(2, 3, dtype=torch.bfloat16)), ("b", torch.zeros(()))]))
     assert [(m.name, m.dtype, m.shape) for m in meta] == [("a", "bfloat16", (2, 3)), ("b", "float32", ())]
@@ -207,7 +207,7 @@ def test_vllm_sync_writes_loadable_folders_and_reloads_every_engine(tokenizer, t
     import torch
 
     from clawgym_env.policy.transformers_backend import TransformersPolicy
-    from trainers.sync import GatherOnlySync, VLLMSync, write_model_dir
+    from trainers.scale.weight_sync import GatherOnlySync, VLLMSync, write_model_dir
 
     model = _untied_tiny(tokenizer)
     trainee = Trainee(model, tokenizer)
@@ -238,8 +238,8 @@ def test_vllm_sync_writes_loadable_folders_and_reloads_every_engine(tokenizer, t
 
 
 def test_generation_config_and_the_transformers_backend(tokenizer, tmp_path):
-    from trainers.generation import GenerationConfig, _sync_method, open_generation
-    from trainers.sync import GatherOnlySync, InProcessSync
+    from trainers.rollouts.generation import GenerationConfig, _sync_method, open_generation
+    from trainers.scale.weight_sync import GatherOnlySync, InProcessSync
 
     with pytest.raises(ValueError, match="backend"):
         GenerationConfig(backend="sglang")  # type: ignore[arg-type]
@@ -283,7 +283,7 @@ def test_generation_config_and_the_transformers_backend(tokenizer, tmp_path):
 def engine(tokenizer, tmp_path_factory):
     """One vLLM engine started by ``open_generation`` (broadcast sync, so the worker extension is in)."""
     pytest.importorskip("torch")
-    from trainers.generation import GenerationConfig, open_generation
+    from trainers.rollouts.generation import GenerationConfig, open_generation
 
     trainee = Trainee(_untied_tiny(tokenizer), tokenizer)
     cfg = GenerationConfig(backend="vllm", sync="collective", dtype="float32", enforce_eager=True, kv_cache_gib=1)
@@ -325,7 +325,7 @@ def test_calls_in_flight_during_pushes_keep_exact_versions(engine, tokenizer):
     import torch
 
     from clawgym_env.policy.chat_format import render_prompt_ids
-    from trainers.sync import VLLMSync
+    from trainers.scale.weight_sync import VLLMSync
 
     trainee, broadcast_sync, out = engine
     serving = broadcast_sync.serving

@@ -4,10 +4,10 @@
 needs:
 
 * ``causal_lm`` — the ``*ForCausalLM`` module to score tokens with
-  (:func:`trainers.logprobs.token_logprobs` takes it). With LoRA its linear layers carry the adapters
+  (:func:`trainers.batch.logprobs.token_logprobs` takes it). With LoRA its linear layers carry the adapters
   in place, so scoring through it scores the adapted policy.
 * ``serving_state_dict()`` — the weights under the plain model's own names (LoRA deltas merged,
-  nothing else), what a serving backend loads (:mod:`trainers.sync`).
+  nothing else), what a serving backend loads (:mod:`trainers.scale.weight_sync`).
 * ``reference()`` — a context manager yielding a frozen reference model for a KL penalty: the base
   weights with adapters disabled under LoRA (no copy), else a copy of the weights taken when
   :meth:`freeze_reference` was first called (by default at construction).
@@ -21,7 +21,7 @@ Invariants:
 * ``serving_state_dict()`` has exactly the names and shapes of the base model's ``state_dict()``,
   detached, on the policy's device;
 * ``state_dict()``/``load_state_dict()`` cover every tensor of the trained module (adapters
-  included), as full tensors; a checkpoint (:mod:`trainers.checkpoint`) stores only the trainable
+  included), as full tensors; a checkpoint (:mod:`trainers.scale.checkpoint`) stores only the trainable
   parameters of :meth:`TrainablePolicy.checkpoint_modules` (under LoRA: the adapters);
 * the same seed gives the same LoRA initialisation in every process (data-parallel ranks agree);
 * sharded or not: ``policy.module`` may be sharded in place with FSDP2 ``fully_shard`` (DTensor

@@ -5,10 +5,10 @@
    (:mod:`tasks.families.count_errors`: count the ``ERROR`` lines of a generated ``app.log`` into
    ``errors.txt``; held-out logs are never trained on and every task has its own answer) through the
    real ``mini`` harness in the bwrap sandbox, graded hermetically.
-3. Warm-start by black-box trajectory SFT (:mod:`trainers.sft`) on episodes the scripted expert
+3. Warm-start by black-box trajectory SFT (:mod:`trainers.sft.train`) on episodes the scripted expert
    produced through the same harness on the **train** split — a short warm start (``sft_steps``), so
    the policy has the procedure but is not yet reliable when sampling; evaluate again.
-4. Run GRPO over call trees (:mod:`trainers.grpo`) through the harness on the train split (each
+4. Run GRPO over call trees (:mod:`trainers.grpo.train`) through the harness on the train split (each
    step's rollouts are used for ``rl_epochs`` clipped updates: a training pass over the packed trees
    costs well under a second here, the rollouts ~10 s); evaluate again.
 
@@ -117,12 +117,13 @@ def run(cfg: Config, echo=print) -> dict[str, Any]:
     """Run the quickstart (module docstring); returns the report also written to ``quickstart.json``."""
     import torch
 
-    from clawgym_env.runtime import Runtime
+    from clawgym_env.envs.runtime import Runtime
     from tasks import load_suite
-    from trainers import grpo, sft
+    from trainers.grpo import train as grpo
     from trainers.policy import PolicyConfig, TrainablePolicy
-    from trainers.rollouts import evaluate
-    from trainers.sync import InProcessSync
+    from trainers.rollouts.sync import evaluate
+    from trainers.scale.weight_sync import InProcessSync
+    from trainers.sft import train as sft
 
     t_start = time.perf_counter()
     out = Path(cfg.out_dir)

@@ -3,8 +3,8 @@
 Invariants of :func:`setup_policy` (the order matters): the KL reference and rank 0's serving copy are
 taken from the plain (unsharded) module, before ``fully_shard`` and before any checkpoint is loaded — the
 reference is the weights the run started from, and the serving engine is built without a collective; then
-the module is sharded (:func:`trainers.distributed.shard_policy`); the caller builds its optimiser after.
-Ranks other than 0 get a :class:`~trainers.sync.GatherOnlySync`: ``push`` is called on every rank.
+the module is sharded (:func:`trainers.scale.fsdp.shard_policy`); the caller builds its optimiser after.
+Ranks other than 0 get a :class:`~trainers.scale.weight_sync.GatherOnlySync`: ``push`` is called on every rank.
 :func:`rollout_services` starts the runtime (and the Ray fleet) on rank 0 only; other ranks get ``None``.
 """
 
@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import PolicyError
-from trainers.distributed import DistConfig, DistInfo, init_distributed, local_device, shard_policy
-from trainers.generation import GenerationConfig, open_generation
 from trainers.policy import PolicyConfig, TrainablePolicy
-from trainers.rollouts import RolloutConfig, rollout_fleet
-from trainers.sync import GatherOnlySync, InProcessSync
+from trainers.rollouts.generation import GenerationConfig, open_generation
+from trainers.rollouts.sync import RolloutConfig, rollout_fleet
+from trainers.scale.fsdp import DistConfig, DistInfo, init_distributed, local_device, shard_policy
+from trainers.scale.weight_sync import GatherOnlySync, InProcessSync
 
 
 def check_context(max_context_tokens: int, max_pack_tokens: int | None) -> None:
@@ -57,7 +57,7 @@ def setup_policy(config: PolicyConfig, dist: DistConfig, policy: TrainablePolicy
                  serve_in_process: bool = True) -> RankSetup:
     """Join the process group, build (or take) the policy on this rank's device, take the KL reference
     (``reference``) and rank 0's serving copy, then shard (module docstring; ``shard=False``: the caller
-    shards later with :func:`trainers.distributed.shard_policy`, e.g. after copying a critic from the policy)."""
+    shards later with :func:`trainers.scale.fsdp.shard_policy`, e.g. after copying a critic from the policy)."""
     info = init_distributed(dist.backend, dist.timeout_s)
     if policy is None:
         policy = TrainablePolicy(dataclasses.replace(config, device=local_device(config.device, info)))
@@ -78,7 +78,7 @@ def rollout_services(setup: RankSetup, *, rollout: RolloutConfig, sandbox: str, 
     if not setup.info.is_main:
         yield None, None
         return
-    from clawgym_env.runtime import Runtime
+    from clawgym_env.envs.runtime import Runtime
 
     if rollout.sandbox_pool and sandbox != "docker":
         raise ValueError(f"rollout.sandbox_pool={rollout.sandbox_pool} keeps warm Docker containers, but sandbox is "
@@ -93,7 +93,7 @@ def rollout_services(setup: RankSetup, *, rollout: RolloutConfig, sandbox: str, 
 def generation_services(setup: RankSetup, config: GenerationConfig, out_dir: Path, *,
                         max_context_tokens: int, version: int = 0) -> Iterator[Any]:
     """Serve the policy per ``generation:`` for the run (every rank enters; see
-    :func:`trainers.generation.open_generation`): ``setup.sync`` becomes its sync while inside (vLLM engines
+    :func:`trainers.rollouts.generation.open_generation`): ``setup.sync`` becomes its sync while inside (vLLM engines
     are stopped on exit, also on error); with ``backend: transformers`` rank 0's in-process copy is kept.
     ``version`` > 0 (a resumed run): the policy's weights are served under it before anything samples."""
     own = setup.sync if isinstance(setup.sync, InProcessSync) else None

@@ -1,6 +1,6 @@
 """What a training run returns: :class:`TrainSummary` (also written to ``<out_dir>/summary.json``).
 
-Every algorithm's ``train(args)`` (:mod:`trainers.grpo`, :mod:`trainers.ppo`, :mod:`trainers.sft`)
+Every algorithm's ``train(args)`` (:mod:`trainers.grpo.train`, :mod:`trainers.ppo.train`, :mod:`trainers.sft.train`)
 returns one, and :func:`trainers.train.run` prints and returns it.
 
 Invariants:

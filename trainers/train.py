@@ -16,7 +16,7 @@ the run's resolved config is written to ``<out_dir>/config.json`` before trainin
 Data parallelism: ``--nproc-per-node N`` re-executes the command as ``python -m torch.distributed.run
 --standalone --nproc-per-node N -m trainers.train ...`` (the same as launching ``torchrun`` yourself); every
 rank reads the config and runs the algorithm's ``train``, which joins the process group
-(:mod:`trainers.distributed`); rank 0 alone writes ``config.json`` and prints; the process group is left at
+(:mod:`trainers.scale.fsdp`); rank 0 alone writes ``config.json`` and prints; the process group is left at
 the end.
 """
 
@@ -196,7 +196,7 @@ def main_args(args: argparse.Namespace) -> int:
         raise ConfigError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
     if args.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         return relaunch(args)
-    from trainers.distributed import destroy_distributed
+    from trainers.scale.fsdp import destroy_distributed
 
     try:
         run(args.config, list(args.overrides), resume=False if args.no_resume else None)

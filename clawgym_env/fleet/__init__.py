@@ -5,7 +5,7 @@ sandboxes, its own serving proxy (a harness's HTTP traffic never leaves the node
 installs; the policy inside is built from a spec string (``"vllm:http://HOST:PORT"`` for remote
 engines, ``"scripted:expert"`` for tests). :class:`RayFleet` feeds the workers from one queue with
 a per-node cap, retries infrastructure failures on another node and returns the same
-:class:`~clawgym_env.episode.EpisodeResult` s as the threads backend, one per requested episode::
+:class:`~clawgym_env.episodes.run.EpisodeResult` s as the threads backend, one per requested episode::
 
     from clawgym_env.fleet import FleetConfig, RayFleet
 

@@ -66,7 +66,7 @@ class FleetConfig:
     """Sandbox backend name used on every node (the per-run default of ``run_episode``)."""
     sandbox_pool: int = 0
     """Warm Docker containers each rollout worker keeps ahead per sandbox shape on its node
-    (:class:`~clawgym_env.sandbox.docker_pool.DockerPool`; ``sandbox="docker"`` only; 0: every sandbox starts cold)."""
+    (:class:`~clawgym_env.sandbox.docker.pool.DockerPool`; ``sandbox="docker"`` only; 0: every sandbox starts cold)."""
     out_dir: str | None = None
     """Folder for episode folders on each worker's node (the same path on every node; ``None``: temp)."""
     max_episodes_per_node: int = 4

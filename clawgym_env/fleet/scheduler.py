@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from clawgym_env.episode import EpisodeResult
+from clawgym_env.episodes.run import EpisodeResult
 from clawgym_env.fleet import ship
 from clawgym_env.fleet.calls import FleetError, by_value_or_ref, cancel, import_ray
 from clawgym_env.fleet.config import Attempt, AttemptRecord, EpisodeJob, FleetConfig, WorkerInfo

@@ -12,7 +12,7 @@ A task whose folders are not on this node runs from the copy shipped with its ep
 episode, closed with the worker or ended with its process).
 
 Invariants: :meth:`RolloutWorker.run` never raises for a failed episode: it returns exactly one
-:class:`~clawgym_env.episode.EpisodeResult` (a failure inside becomes an ``infra_error`` record with
+:class:`~clawgym_env.episodes.run.EpisodeResult` (a failure inside becomes an ``infra_error`` record with
 its boundary); a task whose folders are neither on this node nor shipped (or too large to ship) is an
 ``infra_error`` with boundary ``task`` (never an empty workspace graded as the agent's); each harness
 is installed at most once per worker process.
@@ -30,7 +30,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from clawgym_env.capture.records import EpisodeRecord, FailureBoundary
-from clawgym_env.episode import EpisodeResult, run_episode
+from clawgym_env.episodes.run import EpisodeResult, run_episode
 from clawgym_env.failures import exception_failure
 from clawgym_env.fleet import ship
 from clawgym_env.fleet.config import FleetConfig, WorkerInfo
@@ -38,7 +38,7 @@ from clawgym_env.harness import HarnessAdapter
 from clawgym_env.task import Task
 
 if TYPE_CHECKING:
-    from clawgym_env.sandbox.docker_pool import DockerPool, PoolStats
+    from clawgym_env.sandbox.docker.pool import DockerPool, PoolStats
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class RolloutWorker:
             return self.config.sandbox
         with self._pool_lock:
             if self._pool is None:
-                from clawgym_env.sandbox.docker_pool import DockerPool
+                from clawgym_env.sandbox.docker.pool import DockerPool
 
                 self._pool = DockerPool(self.config.sandbox_pool)
             return self._pool.name

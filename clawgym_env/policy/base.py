@@ -40,7 +40,7 @@ class SamplingOverrides:
     """What an episode imposes on every model call of its harness, whatever the harness asks for.
 
     One frozen type from the Gym action (:func:`clawgym_env.spaces.action_to_sampling`) or a trainer's
-    config, through :class:`~clawgym_env.runtime.Runtime` and :func:`~clawgym_env.episode.run_episode`,
+    config, through :class:`~clawgym_env.envs.runtime.Runtime` and :func:`~clawgym_env.episodes.run.run_episode`,
     to the proxy's episode session. ``None`` keeps the harness's own value. Invariants (checked at
     construction, :class:`~clawgym_env.errors.ProxyError` naming the field): ``temperature`` ≥ 0,
     ``0 < top_p ≤ 1``, ``max_tokens`` ≥ 1 (a cap: the call gets the smaller of it and the request's),

@@ -3,7 +3,7 @@
 The prompt is rendered by the tokenizer's own chat template (Qwen3's: tools in the system turn,
 ``<tool_call>`` JSON, ``<think>`` reasoning). Generated text is parsed back into the API's
 structures by :func:`segment`, the one parser of assistant text: :func:`parse_assistant` reads its
-result as a message and the proxy streams from its spans (``clawgym_env.proxy.streaming``), so a streamed
+result as a message and the proxy streams from its spans (``clawgym_env.proxy.deltas``), so a streamed
 and a non-streamed answer cannot disagree. :func:`assistant_text` writes an assistant turn exactly as the
 model would emit it, so a scripted policy's tokens look like a model's.
 """

@@ -59,7 +59,7 @@ def passthrough(rest: str, **kwargs: Any) -> PolicyBackend:
     """``passthrough:PROVIDER:MODEL``. Base URL and key: ``base_url``/``api_key`` kwargs, else
     ``CLAWGYM_UPSTREAM_BASE_URL``/``CLAWGYM_UPSTREAM_API_KEY``, else the SDK's own variables
     (``OPENAI_BASE_URL``/``OPENAI_API_KEY`` or ``ANTHROPIC_BASE_URL``/``ANTHROPIC_API_KEY``)."""
-    from clawgym_env.policy.passthrough import PROVIDERS, PassthroughPolicy
+    from clawgym_env.policy.passthrough.policy import PROVIDERS, PassthroughPolicy
 
     spec = f"passthrough:{rest}"
     provider, _, model = rest.partition(":")
@@ -81,14 +81,14 @@ def vllm(rest: str, **kwargs: Any) -> PolicyBackend:
     """``vllm:URL`` / ``http(s)://...`` → a :class:`VLLMPolicy` of that server; ``vllm:MODEL_DIR`` → start a
     :class:`VLLMServer` on the folder (``server_*`` kwargs go to it) and return its policy, which stops
     the server on ``close()``."""
-    from clawgym_env.policy.vllm_backend import VLLMPolicy
+    from clawgym_env.policy.vllm.backend import VLLMPolicy
 
     spec, target = f"vllm:{rest}", rest
     if target.startswith(("http://", "https://")):
         return VLLMPolicy(target, **kwargs)
     if not target or not Path(target).expanduser().is_dir():
         raise PolicyError(f"bad vLLM spec {spec!r}; use vllm:http://HOST:PORT or vllm:MODEL_DIR")
-    from clawgym_env.policy.vllm_server import VLLMServer
+    from clawgym_env.policy.vllm.server import VLLMServer
 
     server_kw = {k[len("server_"):]: kwargs.pop(k) for k in list(kwargs) if k.startswith("server_")}
     server = VLLMServer(target, **server_kw).start()

@@ -1,8 +1,8 @@
 """One policy over several vLLM engines (replicas of the same weights), with episode-sticky routing.
 
 :class:`ReplicaPolicy` is the :class:`~clawgym_env.policy.base.PolicyBackend` rollouts use when a trainer
-generates on vLLM (``trainers.generation``). Each call goes to one replica (a
-:class:`~clawgym_env.policy.vllm_backend.VLLMPolicy`, or any backend for tests):
+generates on vLLM (``trainers.rollouts.generation``). Each call goes to one replica (a
+:class:`~clawgym_env.policy.vllm.backend.VLLMPolicy`, or any backend for tests):
 
 * **Sticky routing.** All calls of one episode (``GenerationContext.episode_id``) go to the replica its
   first call went to, so its growing prompt hits that engine's prefix cache. A new episode goes to the

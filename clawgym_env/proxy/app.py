@@ -4,8 +4,8 @@ Routes: ``POST /ep/{token}/v1/chat/completions`` (OpenAI chat), ``/v1/messages``
 ``/v1/messages/count_tokens`` is a side route, see :data:`SIDE_ROUTES`), ``/v1/responses`` (OpenAI
 Responses), ``GET /ep/{token}/v1/models`` (and ``/models/{id}``), ``GET /healthz``. The invariants
 are :mod:`clawgym_env.proxy.server`'s (error shapes, episode-bound sockets, failures, bounds) and
-:mod:`clawgym_env.proxy.bounds`'s (what one episode and all of them may hold). Every HTTP request holds a
-:class:`~clawgym_env.proxy.bounds.Ticket` from its first byte until its answer has been sent; a body larger
+:mod:`clawgym_env.proxy.guards.bounds`'s (what one episode and all of them may hold). Every HTTP request holds a
+:class:`~clawgym_env.proxy.guards.bounds.Ticket` from its first byte until its answer has been sent; a body larger
 than :data:`PARSE_INLINE_BYTES` is parsed, validated and trimmed for its record in a worker thread, so the
 event loop keeps serving other episodes meanwhile.
 """
@@ -27,13 +27,11 @@ from starlette.routing import Route
 
 from clawgym_env.errors import PolicyError, ProxyError
 from clawgym_env.policy.base import PolicyBackend
-from clawgym_env.proxy import openai_chat
-from clawgym_env.proxy.bounds import VALUE_BYTES, Budget, ProxyLimits, Ticket
-from clawgym_env.proxy.dialects import DIALECTS, DialectModule, DialectName, DialectSpec
-from clawgym_env.proxy.keepalive import Failure, first_wait, keepalive_body
-from clawgym_env.proxy.limits import ClientGone, check_prompt_size, json_values_bound, parse_json, read_body
+from clawgym_env.proxy.dialects.openai_chat import dialect as openai_chat
+from clawgym_env.proxy.dialects.registry import DIALECTS, DialectModule, DialectName, DialectSpec
+from clawgym_env.proxy.guards.bounds import VALUE_BYTES, Budget, ProxyLimits, Ticket
+from clawgym_env.proxy.guards.limits import ClientGone, check_prompt_size, json_values_bound, parse_json, read_body
 from clawgym_env.proxy.listeners import CONNECTION_VERDICT_KEY, EPISODE_STATE_KEY
-from clawgym_env.proxy.live import LiveStart, LiveTurn
 from clawgym_env.proxy.recorded import recorded_body
 from clawgym_env.proxy.sessions import (
     EpisodeSession,
@@ -44,6 +42,8 @@ from clawgym_env.proxy.sessions import (
     TurnResult,
     redact_headers,
 )
+from clawgym_env.proxy.stream.keepalive import Failure, first_wait, keepalive_body
+from clawgym_env.proxy.stream.live import LiveStart, LiveTurn
 from clawgym_env.proxy.turn import prepare_turn, run_turn
 from clawgym_env.redact import redact
 
@@ -92,7 +92,8 @@ class ProxyHost(Protocol):
 
 log = logging.getLogger("clawgym.proxy")
 
-#: (path under ``/ep/{token}/v1``, dialect), from :data:`~clawgym_env.proxy.dialects.DIALECTS` (add a dialect there).
+#: (path under ``/ep/{token}/v1``, dialect), from :data:`~clawgym_env.proxy.dialects.registry.DIALECTS`
+#: (add a dialect there).
 DIALECT_ROUTES: list[tuple[str, DialectSpec]] = [(d.path, d) for d in DIALECTS]
 #: (path under ``/ep/{token}/v1``, dialect, function name): side calls answered from the body
 #: and the tokenizer alone, ``fn(body, tokenizer) -> dict``; no policy call and no record.
@@ -106,7 +107,7 @@ def _error(dialect: DialectModule, status: int, message: str, field: str | None 
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 TICKET_KEY = "clawgym_ticket"
-"""The ASGI scope key of a request's :class:`~clawgym_env.proxy.bounds.Ticket`."""
+"""The ASGI scope key of a request's :class:`~clawgym_env.proxy.guards.bounds.Ticket`."""
 PARSE_INLINE_BYTES = 64 << 10
 """A body up to this size is parsed on the event loop (well under a millisecond); a larger one in a thread."""
 _CLOSING = {"episode_connection_limit", "proxy_connection_limit"}  # answered, then the connection is closed
@@ -331,7 +332,7 @@ class ProxyApp:
 
     async def _live(self, request: Request, session: EpisodeSession, dialect: DialectModule, live: Callable,
                     treq: TurnRequest, meta: TurnMeta, executor: Executor) -> Response:
-        """A streaming request served while a streaming policy's text arrives (:mod:`clawgym_env.proxy.live`)."""
+        """A streaming request served while a streaming policy's text arrives (:mod:`clawgym_env.proxy.stream.live`)."""
         policy, keepalive_s = self.server.policy, self.server.keepalive_s
         # a small body is rendered here on the loop: cheaper than two thread hops (turn.py's invariants)
         size = getattr(request.state, "clawgym_body_bytes", None)

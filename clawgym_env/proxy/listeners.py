@@ -7,7 +7,7 @@ Invariants:
   * A connection that has no request in progress for ``idle_timeout_s`` — idle after connecting, idle
     between keep-alive requests, or stalled half-way through its request line/headers — is closed,
     however slowly it trickles bytes. (A stalled *body* is bounded by the per-read timeout of
-    :func:`clawgym_env.proxy.limits.read_body`.)
+    :func:`clawgym_env.proxy.guards.limits.read_body`.)
   * A request's line and headers are bounded whichever parser runs: ``httptools`` (C, the default when
     importable) refuses them past :data:`MAX_HEAD_BYTES`; ``h11`` (pure Python) past the same bound while
     incomplete, so a head that completes in one more read (the transport reads at most 256 KiB) gets
@@ -15,7 +15,7 @@ Invariants:
   * An episode's listener passes ``{"clawgym_episode": token}`` as the ASGI ``state`` of every request
     it accepts; the shared listeners pass no episode. The app uses it to accept only that episode's
     token on that socket.
-  * Every connection is counted on the server's :class:`~clawgym_env.proxy.bounds.Budget` from
+  * Every connection is counted on the server's :class:`~clawgym_env.proxy.guards.bounds.Budget` from
     ``connection_made`` to ``connection_lost`` (an episode socket's against its episode too), and its
     requests carry the verdict (``state["clawgym_connection"]``: the bound it is past, or None): the app
     answers a request on a connection past a bound with the refusal and closes it; a connection past
@@ -39,7 +39,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from clawgym_env.proxy.bounds import Budget
+from clawgym_env.proxy.guards.bounds import Budget
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol

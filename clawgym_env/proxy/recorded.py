@@ -1,14 +1,14 @@
 """The request body a call record keeps: as received, except that fields the dialect does not read are
 kept only up to a byte budget.
 
-A dialect validates a body with its pydantic models (:mod:`~clawgym_env.proxy.requests_base`), which ignore
+A dialect validates a body with its pydantic models (:mod:`~clawgym_env.proxy.dialects.request_base`), which ignore
 fields they do not declare; without a bound, a harness (or a model steering it) could make every record
 carry megabytes nobody reads. :func:`recorded_body` walks the body alongside the validated model.
 
 Invariants:
   * Every field a model declares is kept exactly as sent, at any depth, and so is every part the pipeline
-    passes on whole (:class:`~clawgym_env.proxy.requests_chat.PassedOn`, free-form ``dict`` fields such as
-    tool schemas) and the discriminators that pick a union's branch (``type``, ``role``, when a string of at
+    passes on whole (:class:`~clawgym_env.proxy.dialects.openai_chat.request.PassedOn`, free-form ``dict`` fields
+    such as tool schemas) and the discriminators that pick a union's branch (``type``, ``role``, when a string of at
     most 256 characters): the record still parses to the same request.
   * The other fields ("unknown") are kept, in body order, while their total size stays within ``budget``
     bytes (sizes as :func:`approx_json_bytes` counts them); from the first one that does not fit on, each is

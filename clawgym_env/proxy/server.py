@@ -14,9 +14,9 @@ Invariants:
     blocking and runs in a thread pool, so the event loop keeps serving other episodes meanwhile).
     A call is recorded once its response is ready, just before it is sent. A streaming turn still
     running after ``keepalive_s`` gets a 200 and keep-alive events meanwhile, and a failure after that
-    point is an in-stream error event (see :mod:`~clawgym_env.proxy.keepalive`). The exception: a
+    point is an in-stream error event (see :mod:`~clawgym_env.proxy.stream.keepalive`). The exception: a
     text-level policy that streams (``policy.streams_text``, a passthrough) is served live, its text sent
-    as it arrives and the call recorded when its stream ends (see :mod:`~clawgym_env.proxy.live`).
+    as it arrives and the call recorded when its stream ends (see :mod:`~clawgym_env.proxy.stream.live`).
   * Every answer is JSON in the dialect's error shape: bad input → 4xx naming the field, an unknown
     token → 404, a policy failure → 502, shutting down → 503; 500 (type ``server_error``) only for a
     genuine bug in the proxy, which is logged with its traceback.
@@ -28,10 +28,10 @@ Invariants:
   * ``/healthz`` says ``{"status": "ok"}`` and nothing else (no policy, paths or episode counts).
   * Every non-2xx answer for a known episode is kept on ``session.failures`` (boundary-classified,
     redacted); error messages are redacted before they leave (:func:`clawgym_env.redact.redact`).
-  * Bounds (see :mod:`~clawgym_env.proxy.limits`): body bytes and per-read time, JSON depth, prompt
+  * Bounds (see :mod:`~clawgym_env.proxy.guards.limits`): body bytes and per-read time, JSON depth, prompt
     characters before tokenising; idle/stalled connections are closed; a client that disconnects
     mid-body is logged as a disconnect. Resource bounds per episode and overall (``bounds``, a
-    :class:`~clawgym_env.proxy.bounds.ProxyLimits`; see :mod:`~clawgym_env.proxy.bounds`): connections,
+    :class:`~clawgym_env.proxy.guards.bounds.ProxyLimits`; see :mod:`~clawgym_env.proxy.guards.bounds`): connections,
     request bytes in flight (JSON values counted), unknown fields and bytes recorded. ``budget.usage()``
     says where the server stands.
   * ``close_episode`` first waits up to ``drain_s`` for the episode's calls still in flight (a slow answer
@@ -65,8 +65,8 @@ from clawgym_env.capture.records import CallRecord
 from clawgym_env.errors import ProxyError
 from clawgym_env.policy.base import PolicyBackend, SamplingOverrides
 from clawgym_env.proxy.app import DIALECT_ROUTES, SIDE_ROUTES, ProxyApp  # noqa: F401 - re-exported
-from clawgym_env.proxy.bounds import Budget, ProxyLimits
-from clawgym_env.proxy.limits import DEFAULT_MAX_JSON_DEPTH
+from clawgym_env.proxy.guards.bounds import Budget, ProxyLimits
+from clawgym_env.proxy.guards.limits import DEFAULT_MAX_JSON_DEPTH
 from clawgym_env.proxy.listeners import (
     EPISODE_STATE_KEY,
     MAX_HEAD_BYTES,

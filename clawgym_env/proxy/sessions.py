@@ -14,7 +14,7 @@ Invariants:
     not grow with prompts; ``close()`` reads the records back from that file.
   * ``recorded_bytes`` counts the bytes of every record appended (the line written, or about what the
     record takes as JSON when kept in memory: :func:`record_bytes`); ``memory_bytes`` the part kept in
-    memory. The app refuses calls past their bounds (:mod:`~clawgym_env.proxy.bounds`).
+    memory. The app refuses calls past their bounds (:mod:`~clawgym_env.proxy.guards.bounds`).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from typing import Any, Literal, TextIO
 from clawgym_env.capture.records import CallRecord, Dialect, dump_record, read_calls
 from clawgym_env.errors import ProxyError
 from clawgym_env.policy.base import SamplingOverrides, SamplingParams
+from clawgym_env.proxy.deltas import Segmentation
+from clawgym_env.proxy.guards.limits import CHARS_PER_TOKEN_BOUND
 from clawgym_env.proxy.incremental import PromptCache
-from clawgym_env.proxy.limits import CHARS_PER_TOKEN_BOUND
 from clawgym_env.proxy.recorded import approx_json_bytes
-from clawgym_env.proxy.streaming import Segmentation
 from clawgym_env.redact import forget_secret, redact, register_secret
 from clawgym_env.task import Task
 

@@ -1,7 +1,7 @@
 """The dialect-neutral call pipeline: render → generate → cut → parse → record.
 
 :func:`run_turn` is the whole pipeline, blocking (a worker thread runs it). It is two halves around the
-policy call, so a streamed call (:mod:`~clawgym_env.proxy.live`) can run the policy itself in between:
+policy call, so a streamed call (:mod:`~clawgym_env.proxy.stream.live`) can run the policy itself in between:
 :func:`prepare_turn` (check, render and tokenise the prompt, resolve the sampling) and
 :func:`finish_turn` (check the generation, cut, parse, record).
 
@@ -13,7 +13,7 @@ Invariants:
     ``run_turn`` is nothing but the two around ``policy.generate``.
   * The dialect module never touches the policy or the records: it parses a request into a
     :class:`TurnRequest` and renders a :class:`TurnResult`.
-  * Where the halves run changes nothing they compute: a live call (:mod:`~clawgym_env.proxy.live`) runs
+  * Where the halves run changes nothing they compute: a live call (:mod:`~clawgym_env.proxy.stream.live`) runs
     them on the event loop itself when they are short — a request body of at most ``inline_bytes`` (whose
     full render costs at most a few ms, about one GIL switch interval: what a worker thread holding the GIL
     could keep the loop waiting anyway) and an answer of at most :data:`INLINE_OUTPUT_TOKENS` — and in a
@@ -31,10 +31,10 @@ from clawgym_env.capture.records import CallRecord
 from clawgym_env.errors import PolicyError, ProxyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
 from clawgym_env.policy.chat_format import normalize_messages
+from clawgym_env.proxy.deltas import segment, stop_cut, token_bytes, token_pieces
+from clawgym_env.proxy.guards.limits import check_prompt_size
 from clawgym_env.proxy.incremental import PromptCache
-from clawgym_env.proxy.limits import check_prompt_size
 from clawgym_env.proxy.sessions import EpisodeSession, Limits, TurnMeta, TurnRequest, TurnResult, resolve_sampling
-from clawgym_env.proxy.streaming import segment, stop_cut, token_bytes, token_pieces
 
 INLINE_BODY_BYTES = 4096
 """Default ``inline_bytes``: a body this small renders in ~1-3 ms even from scratch (400 tiny messages in 15 KB

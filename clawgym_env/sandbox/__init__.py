@@ -15,9 +15,9 @@ from clawgym_env.sandbox.base import (
 def get_backend(name: str) -> type[Sandbox]:
     """The sandbox class registered as ``name`` in :data:`clawgym_env.plugins.sandboxes` (built-ins:
     ``bwrap``, ``docker``; plugins: entry points of group ``clawgym.sandboxes``), or of an open
-    :class:`~clawgym_env.sandbox.docker_pool.DockerPool` of this process (its ``name``, ``docker-pool:<id>``)."""
+    :class:`~clawgym_env.sandbox.docker.pool.DockerPool` of this process (its ``name``, ``docker-pool:<id>``)."""
     if name.startswith("docker-pool:"):
-        from clawgym_env.sandbox.docker_pool import pool_class
+        from clawgym_env.sandbox.docker.pool import pool_class
 
         return pool_class(name)
     from clawgym_env.plugins import sandboxes

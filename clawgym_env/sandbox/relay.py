@@ -5,7 +5,7 @@ Usage: ``python3 relay.py PORT SOCKET_PATH [-- CMD ARGS...]``
 Listens on ``127.0.0.1:PORT``, forwards every connection to the unix socket ``SOCKET_PATH`` (the
 serving proxy, bind-mounted from the host), then runs ``CMD`` as a child and exits with its exit
 code (128+N when a signal N killed it, 127 when it cannot be found, 126 when it cannot be run).
-Without ``CMD`` (server mode: once per sandbox, see ``_bwrap_relay.py`` and the Docker launcher) it
+Without ``CMD`` (server mode: once per sandbox, see ``bwrap/relay.py`` and the Docker launcher) it
 writes ``ready`` and a newline on its stdout once it listens, then relays until it is killed.
 
 Invariants: the listener is bound and listening before ``CMD`` starts; every relayed TCP connection

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.capture.records import EpisodeRecord
+from clawgym_env.envs.runtime import Runtime, failed_episode
+from clawgym_env.files.workspace import private_tempdir
 from clawgym_env.harness import HarnessAdapter
-from clawgym_env.runtime import Runtime, failed_episode
 from clawgym_env.task import Task
-from clawgym_env.workspace_files import private_tempdir
 from leaderboards.audit.facts import TaskFacts, gather_facts, with_expert_outputs
 from leaderboards.audit.kit import ATTACKS, DEFAULT_INODES, EARLY, GOLD, AttackPlan, EpisodePlan, plan_attack, plan_gold
 from leaderboards.audit.payloads import EVIDENCE_PREFIX

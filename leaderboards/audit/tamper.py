@@ -13,7 +13,7 @@ keeps both final workspaces. Two questions decide whether its reward counts (:fu
    are right anyway (the expert's work, or a coincidence of the trivial inputs), not from the tampering.
 
 Invariants: the kept workspaces are only read; the control is graded on a private copy, through the
-task's own grader (:func:`clawgym_env.grading.grade_episode`), in the audit's sandbox backend.
+task's own grader (:func:`clawgym_env.grading.grade.grade_episode`), in the audit's sandbox backend.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import stat
 from pathlib import Path
 
 from clawgym_env.capture.records import EpisodeRecord
-from clawgym_env.grading import grade_episode
-from clawgym_env.workspace_files import copy_tree, private_tempdir, remove_tree, snapshot
+from clawgym_env.files.workspace import copy_tree, private_tempdir, remove_tree, snapshot
+from clawgym_env.grading.grade import grade_episode
 from leaderboards.audit.facts import TaskFacts
 
 WHY = "the same reward with the pristine inputs put back: the outputs do not follow the trivialised inputs"

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from clawgym_env.capture.records import CallRecord, EpisodeRecord, read_calls, write_jsonl, write_record
+from clawgym_env.envs.runtime import RolloutPool, Runtime
 from clawgym_env.errors import CopyLimitError, PolicyError
-from clawgym_env.runtime import RolloutPool, Runtime
-from clawgym_env.workspace_files import copy_tree, remove_tree, snapshot
+from clawgym_env.files.workspace import copy_tree, remove_tree, snapshot
 from harness_adapters.mini import MiniAdapter
 
 DEEP_DIRS = "import os\nfor i in range(1200):\n    os.mkdir('d')\n    os.chdir('d')\nopen('leaf', 'w').write('x')\n"

@@ -31,11 +31,11 @@ from pathlib import Path
 
 import pytest
 
+from clawgym_env.envs.runtime import RolloutPool, Runtime
 from clawgym_env.errors import SandboxError
 from clawgym_env.plugins import make_harness
-from clawgym_env.runtime import RolloutPool, Runtime
 from clawgym_env.sandbox.base import SandboxLimits, SandboxSpec
-from clawgym_env.sandbox.bwrap import BwrapSandbox, check_bwrap
+from clawgym_env.sandbox.bwrap.sandbox import BwrapSandbox, check_bwrap
 
 try:
     check_bwrap(True)
@@ -162,7 +162,7 @@ def test_killed_driver_leaves_no_setuid_file_and_no_mount(tmp_path):
     prog = textwrap.dedent(f"""
         from pathlib import Path
         from clawgym_env.sandbox.base import SandboxSpec
-        from clawgym_env.sandbox.bwrap import BwrapSandbox
+        from clawgym_env.sandbox.bwrap.sandbox import BwrapSandbox
         sb = BwrapSandbox(SandboxSpec(workspace_host=Path({str(ws)!r}))).__enter__()
         print(sb.root, flush=True)
         sb.exec(["sh", "-c", "cp /usr/bin/id idsuid && chmod 4755 idsuid && sleep 60"])

@@ -40,11 +40,11 @@ from pathlib import Path
 
 import pytest
 
+from clawgym_env.envs.runtime import RolloutPool, Runtime
 from clawgym_env.errors import SandboxError
 from clawgym_env.plugins import make_harness
-from clawgym_env.runtime import RolloutPool, Runtime
 from clawgym_env.sandbox.base import SandboxLimits, SandboxSpec, host_toolchain_paths, own_package_paths
-from clawgym_env.sandbox.docker import DockerSandbox
+from clawgym_env.sandbox.docker.sandbox import DockerSandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSCTL = Path("/proc/sys/vm/dirty_writeback_centisecs")
@@ -293,7 +293,7 @@ def test_killed_driver_leaves_no_container(tmp_path, engine):
     prog = textwrap.dedent(f"""
         from pathlib import Path
         from clawgym_env.sandbox.base import SandboxSpec
-        from clawgym_env.sandbox.docker import DockerSandbox
+        from clawgym_env.sandbox.docker.sandbox import DockerSandbox
         sb = DockerSandbox(SandboxSpec(workspace_host=Path({str(ws)!r}))).__enter__()
         sb.exec(["sh", "-c", "(setsid sleep 300 &)"])
         print(sb.container_id, sb.uid, sb.root, flush=True)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from clawgym_env.envs.runtime import Runtime
 from clawgym_env.plugins import make_harness
-from clawgym_env.runtime import Runtime
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 

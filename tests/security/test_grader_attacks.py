@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from clawgym_env.envs.runtime import Runtime
 from clawgym_env.plugins import make_harness
-from clawgym_env.runtime import Runtime
 from tasks import load_task_dir
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from clawgym_env.envs.runtime import Runtime
 from clawgym_env.plugins import make_harness
-from clawgym_env.proxy.bounds import ProxyLimits
-from clawgym_env.runtime import Runtime
+from clawgym_env.proxy.guards.bounds import ProxyLimits
 from tasks import load_task_dir
 
 MOUNT = "/root/.openclaw/workspace"

@@ -19,10 +19,10 @@ from pathlib import Path
 import openai
 import pytest
 
+from clawgym_env.envs.runtime import RolloutPool, Runtime
 from clawgym_env.plugins import make_harness
-from clawgym_env.runtime import RolloutPool, Runtime
 from clawgym_env.sandbox.base import SandboxSpec
-from clawgym_env.sandbox.bwrap import PROXY_SOCK
+from clawgym_env.sandbox.bwrap.sandbox import PROXY_SOCK
 
 PORT = next(f.default for f in dataclasses.fields(SandboxSpec) if f.name == "proxy_port")
 FAILED = ("harness_error", "infra_error")

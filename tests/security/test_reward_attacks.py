@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from clawgym_env.envs.runtime import RolloutPool, Runtime
 from clawgym_env.plugins import make_harness
-from clawgym_env.runtime import RolloutPool, Runtime
 from clawgym_env.testing import JudgeServer
 from tasks import load_suite, load_task_dir
 
@@ -95,7 +95,7 @@ def zero_judge():
 
 def _honest_reward(task, ws: Path, *, final_message: str, judge) -> float:
     """The reward the task's own grader gives ``ws`` (outside any episode)."""
-    from clawgym_env.grading import grade_episode
+    from clawgym_env.grading.grade import grade_episode
 
     gr = grade_episode(task, ws, final_message=final_message, judge=judge)
     assert gr.valid, gr.reason
@@ -173,7 +173,7 @@ def _probe_task(tmp_path: Path, reward_sh: str, files: dict[str, str] | None = N
 
 
 def test_verifier_environment_is_built_from_scratch(tmp_path, monkeypatch):
-    from clawgym_env.reward import grade_workspace
+    from clawgym_env.grading.reward import grade_workspace
 
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv("BASH_ENV", str(tmp_path / "rc"))
@@ -198,7 +198,7 @@ def test_verifier_environment_is_built_from_scratch(tmp_path, monkeypatch):
 def test_honest_workspace_keeps_official_import_semantics(tmp_path):
     """The script's folder is first on sys.path (check.py imports its siblings); the agent's own
     module is importable from ``python3 -c`` in the workspace; only stdlib names stop resolving there."""
-    from clawgym_env.reward import grade_workspace
+    from clawgym_env.grading.reward import grade_workspace
 
     task = _probe_task(tmp_path, "#!/usr/bin/env bash\nset -euo pipefail\n"
                        "python3 /root/.openclaw/workspace/reward/probe.py\n"

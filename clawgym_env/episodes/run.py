@@ -1,0 +1,305 @@
+"""One whole harness episode: task → sandbox → harness → proxy → captured calls → reward.
+
+:func:`run_episode` never raises for a failed rollout: it returns an :class:`EpisodeResult` whose
+record's ``status`` says what happened (``ok``, ``harness_error``, ``timeout``, ``no_final_answer``,
+``reward_error``, ``reward_invalid``, ``infra_error``) and ``failure_boundary`` where (sandbox, harness,
+proxy, policy, grader, internal: :mod:`clawgym_env.failures`), with the logs.
+
+Invariants:
+  * whatever the agent left in its workspace (fifos, sockets, undecodable names, 1,200 nested
+    folders, sparse files) and whatever a request held, the episode ends with exactly one record
+    and ``episode.json`` is written: listing, copying and deleting use
+    :mod:`clawgym_env.files.workspace` (no link followed, no recursion, no whole-file reads) and
+    records are written by :func:`~clawgym_env.capture.records.write_record` (redacted, bounded);
+  * the episode folder is 0700 and every file ClawGym writes in it 0600.
+
+Layout of an episode's folder (``out_dir/<episode_id>/``): ``episode.json`` (the record),
+``calls.jsonl`` (one :class:`CallRecord` per model call, streamed by the proxy while the harness runs and
+replaced at the end by the same calls labelled with their ``kind`` and ``discarded_by``:
+:func:`~clawgym_env.capture.call_kinds.classify_calls`), ``workspace/`` (the final workspace,
+kept when ``keep_workspace``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clawgym_env.capture.call_kinds import classify_calls
+from clawgym_env.capture.records import (
+    CallRecord,
+    EpisodeRecord,
+    WorkspaceChange,
+    write_jsonl,
+    write_record,
+)
+from clawgym_env.errors import ClawGymError, SandboxError, TaskError
+from clawgym_env.failures import (
+    Verdict,
+    classify_run,
+    internal_failure,
+    sandbox_failure,
+)
+from clawgym_env.files.workspace import Entry, copy_tree, remove_tree, snapshot
+from clawgym_env.grading.grade import grade_episode
+from clawgym_env.grading.inputs import modified_inputs
+from clawgym_env.harness import Endpoint, HarnessAdapter
+from clawgym_env.policy.base import SamplingOverrides
+from clawgym_env.sandbox import PlaceFullError, SandboxLimits, SandboxSpec, get_backend, host_toolchain_paths
+from clawgym_env.task import Task
+
+if TYPE_CHECKING:
+    from clawgym_env.proxy.server import ProxyServer
+
+log = logging.getLogger(__name__)
+LOG_TAIL = 8000
+MAX_CHANGES = 2000  # workspace changes listed in a record (an agent may create a million files)
+NETWORK_TRACE = "/tmp/.clawgym-network-trace"
+
+
+@dataclass
+class EpisodeResult:
+    """The episode's record plus its captured calls (also written to ``record.calls_path``)."""
+
+    record: EpisodeRecord
+    calls: list[CallRecord]
+
+
+def _snapshot(root: Path) -> dict[str, Entry]:
+    return snapshot(root)
+
+
+def workspace_changes(before: dict[str, Entry], after: dict[str, Entry]) -> list[WorkspaceChange]:
+    """What differs between two :func:`~clawgym_env.files.workspace.snapshot` s of a workspace."""
+    changes = [WorkspaceChange(path=p, change="added", size=after[p].size, kind=after[p].kind)
+               for p in sorted(after.keys() - before.keys())]
+    changes += [WorkspaceChange(path=p, change="modified", size=after[p].size, kind=after[p].kind)
+                for p in sorted(after.keys() & before.keys()) if after[p] != before[p]]
+    changes += [WorkspaceChange(path=p, change="deleted", kind=before[p].kind)
+                for p in sorted(before.keys() - after.keys())]
+    return changes
+
+
+def prepare_workspace(task: Task, dest: Path) -> Path:
+    """Copy the task's input files into a fresh workspace folder (:func:`copy_tree`: special files
+    skipped, setuid/setgid bits dropped). Task folders are untrusted input: ``input_files/`` must lie
+    inside the task folder and a link in it may only point inside it (copied as its file); anything
+    else is a :class:`TaskError` and nothing of the host outside the task folder is read."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if task.input_dir is not None and Path(task.input_dir).exists():
+        src = Path(task.input_dir)
+        root = Path(task.task_dir) if task.task_dir is not None else src
+        if src.is_symlink() or not os.path.realpath(src).startswith(os.path.realpath(root) + os.sep) and \
+                os.path.realpath(src) != os.path.realpath(root):
+            raise TaskError(f"task {task.full_id}: input_files/ ({src}) leads out of the task folder {root}; "
+                            "ship the input files inside the task folder")
+        report = copy_tree(src, dest, links_inside=root)
+        if report.refused_links:
+            path, why = report.refused_links[0]
+            raise TaskError(f"task {task.full_id}: input_files/{path} is a link that leads out of the task folder "
+                            f"({why}); replace it by the file itself")
+        if report.skipped:
+            log.warning("task %s: special files not copied into the workspace: %s", task.id, report.skipped[:5])
+    return dest
+
+
+def run_episode(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, *, sandbox: str = "bwrap",
+                sampling: SamplingOverrides | Mapping[str, Any] | None = None, policy_version: int | None = None,
+                out_dir: str | Path | None = None, keep_workspace: bool = False,
+                episode_id: str | None = None, grade: bool = True, trace_network: bool = False,
+                judge: Any = None) -> EpisodeResult:
+    """Run ``adapter``'s harness on ``task`` against ``proxy`` (a started ProxyServer).
+
+    ``sampling``: what the episode imposes on every model call (:class:`SamplingOverrides`; a mapping
+    of its fields is accepted and converted, an invalid one is a :class:`ProxyError` naming the field).
+
+    ``trace_network`` runs the harness under ``strace`` (where installed) and keeps its socket
+    syscalls in ``record.logs["network_trace"]``, for the conformance check.
+
+    ``grade``: grade the episode with the task's grader (:func:`clawgym_env.grading.grade.grade_episode`:
+    ``reward.sh``, hybrid or rubric judge); ``judge``: the LLM judge for graders that need one
+    (``None``: the grader's default, the environment-configured judge). A grade with no valid
+    reward makes the status ``reward_invalid`` (never a 0 to train on).
+
+    Unless ``keep_workspace`` (or ``CLAWGYM_KEEP_WORKSPACES``), the workspace folder is removed when the
+    episode ends, however it ends (an exception included): a try leaves its record, never its files.
+    """
+    episode_id = episode_id or uuid.uuid4().hex[:16]
+    sampling = SamplingOverrides.of(sampling)
+    t_start = time.monotonic()
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+    root = (Path(out_dir).resolve() / episode_id if out_dir
+            else Path(tempfile.mkdtemp(prefix=f"clawgym-ep-{episode_id}-")))
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(root, 0o700)  # run outputs are private to the user
+    try:
+        return _run(task, adapter, proxy, root, episode_id=episode_id, t_start=t_start, sandbox=sandbox,
+                    sampling=sampling, policy_version=policy_version, grade=grade, trace_network=trace_network,
+                    judge=judge)
+    finally:
+        if not keep_workspace and not os.environ.get("CLAWGYM_KEEP_WORKSPACES"):
+            _remove_workspace(root / "workspace", episode_id)
+
+
+def _remove_workspace(ws: Path, episode_id: str) -> None:
+    if not os.path.lexists(ws):
+        return
+    try:
+        remove_tree(ws)
+    except OSError as exc:
+        log.warning("episode %s: could not remove its workspace %s: %s", episode_id, ws, exc)
+
+
+def _run(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, root: Path, *, episode_id: str, t_start: float,
+         sandbox: str, sampling: SamplingOverrides, policy_version: int | None, grade: bool, trace_network: bool,
+         judge: Any) -> EpisodeResult:
+    """The body of :func:`run_episode` in the episode folder ``root`` (which removes the workspace after it)."""
+    timings: dict[str, float] = {}
+    # the record's fields as they are learnt; validated once, by EpisodeRecord, at the end
+    record: dict[str, Any] = dict(
+        episode_id=episode_id, task_id=task.id, suite=task.suite, harness=adapter.name,
+        policy=getattr(proxy.policy, "name", "policy"), sampling=sampling.as_dict(),
+        policy_version=policy_version if policy_version is not None else getattr(proxy.policy, "version", 0))
+    try:
+        ws = prepare_workspace(task, root / "workspace")
+    except TaskError as exc:  # a broken or hostile task folder: nobody's outcome, never trained or scored
+        log.warning("episode %s: %s", episode_id, exc)
+        rec = EpisodeRecord(**record, status="infra_error", failure_boundary="task", error=str(exc),
+                            wall_s=time.monotonic() - t_start)
+        write_record(root / "episode.json", rec)
+        return EpisodeResult(rec, [])
+    before = _snapshot(ws)
+    session = proxy.open_episode(episode_id, task=task, harness=adapter.name, sampling=sampling,
+                                 policy_version=policy_version, calls_path=root / "calls.jsonl")
+    calls: list = []
+    res = None
+    network_trace = None
+    try:
+        if session.socket_path is None:  # ProxyServer.open_episode gives every episode its own socket
+            raise RuntimeError(f"episode {episode_id}: the proxy opened no socket for it")
+        spec = SandboxSpec(workspace_host=ws, workspace_target=task.mount_dir, proxy_socket=session.socket_path,
+                           ro_paths=host_toolchain_paths() + list(adapter.ro_paths()),
+                           limits=SandboxLimits(**task.limits.sandbox_overrides()))
+        if trace_network:  # DNS queries are then sent (to nobody) and show up, names included, in the trace
+            (root / "resolv.conf").write_text("nameserver 127.0.0.1\n")
+            spec.extra_binds.append((root / "resolv.conf", "/etc/resolv.conf", False))
+        endpoint = Endpoint(base_url=f"http://127.0.0.1:{spec.proxy_port}/ep/{session.token}/v1",
+                            api_key=session.token)
+        launch = adapter.launch(task, endpoint, home=spec.home)
+        t0 = time.monotonic()
+        with get_backend(sandbox)(spec) as sb:
+            for path, content in launch.files.items():
+                sb.write_file(path, content)
+            timings["sandbox_start_s"] = time.monotonic() - t0
+            t1 = time.monotonic()
+            argv = list(launch.argv)
+            if trace_network and shutil.which("strace"):
+                argv = ["strace", "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-s", "96",
+                        "-o", NETWORK_TRACE] + argv
+            record["resources"] = {"harness_started_at": time.time()}
+            res = sb.exec(argv, env=launch.env, cwd=launch.cwd or task.mount_dir, timeout=task.limits.timeout_s)
+            timings["harness_s"] = time.monotonic() - t1
+            if trace_network:
+                try:
+                    network_trace = sb.read_file(NETWORK_TRACE).decode(errors="replace")[-200_000:]
+                except SandboxError:
+                    network_trace = "(no trace: strace is not installed or did not run)"
+            peak = sb.peak_memory_bytes()
+            if peak is not None:
+                record["resources"]["peak_memory_mb"] = peak / 2**20
+            record["limits_hit"] = sb.limits_hit()  # disk/inodes per place, memory (OOM kill), cpu: its outcome
+    except SandboxError as exc:
+        log.warning("episode %s: sandbox failure: %s", episode_id, exc)
+        _apply(record, sandbox_failure(exc))
+    except ClawGymError as exc:  # the adapter could not configure or launch its harness
+        log.warning("episode %s: harness launch failure: %s", episode_id, exc)
+        _apply(record, Verdict("infra_error", "harness", f"the harness could not launch: {exc}"))
+    finally:
+        calls = proxy.close_episode(session.token)
+    calls = classify_calls(calls, adapter)  # kinds and dead retries: what the trainers may train on
+    calls_path = root / "calls.jsonl"
+    if calls or not calls_path.exists():  # the proxy streamed the calls unlabelled: replace them whole
+        tmp = calls_path.with_name(calls_path.name + ".labelled")
+        write_jsonl(tmp, calls)
+        os.replace(tmp, calls_path)
+    record.update(num_calls=len(calls), calls_path=str(calls_path))
+    if res is not None:
+        out = adapter.read_output(res.stdout, res.stderr)
+        record.update(final_message=out.final_message, exit_code=res.returncode,
+                      logs={"stdout": res.stdout[-LOG_TAIL:], "stderr": res.stderr[-LOG_TAIL:]})
+        if network_trace is not None:
+            record["logs"]["network_trace"] = network_trace
+        _apply(record, classify_run(
+            returncode=res.returncode, timed_out=res.timed_out, final_message=out.final_message, stderr=res.stderr,
+            timeout_s=task.limits.timeout_s, num_calls=len(calls),
+            last_call_end=max((c.ended_at for c in calls), default=None),
+            call_failures=list(getattr(session, "failures", None) or ()),
+            proxy_running=bool(getattr(proxy, "running", True))))
+        try:
+            changes = workspace_changes(before, _snapshot(ws))
+            if len(changes) > MAX_CHANGES:
+                record["logs"]["workspace_changes"] = f"{len(changes)} changes, the first {MAX_CHANGES} listed"
+            record["workspace_changes"] = changes[:MAX_CHANGES]
+        except Exception as exc:  # noqa: BLE001 - a listing must never cost the episode its record
+            log.error("episode %s: listing the workspace failed", episode_id, exc_info=exc)
+            record["logs"]["workspace_changes_error"] = f"{type(exc).__name__}: {exc}"
+        try:  # the task's own files the agent changed: visible whether or not the grader restores them
+            record["inputs_modified"] = modified_inputs(task, ws)
+        except OSError as exc:
+            record["logs"]["inputs_modified_error"] = f"{type(exc).__name__}: {exc}"
+        status_before_grading = record["status"]
+        if grade and record["status"] != "infra_error":  # nothing the agent did is left to grade
+            t2 = time.monotonic()
+            try:
+                rr = grade_episode(task, ws, final_message=out.final_message, transcript=out.transcript,
+                                   sandbox=sandbox, judge=judge)
+                record.update(reward=rr.reward, subscores=rr.subscores, reward_reason=rr.reason)
+                if rr.notes:
+                    record["logs"]["grader_notes"] = "\n".join(rr.notes)
+                if not rr.valid:  # no valid reward: never the agent's 0, whatever else happened
+                    record.update(status="reward_invalid", error=rr.reason)
+                elif not rr.ok and record["status"] == "ok":
+                    record["status"] = "reward_error"
+                record["logs"]["reward_stdout"] = rr.stdout[-LOG_TAIL:]
+                record["logs"]["reward_stderr"] = rr.stderr[-LOG_TAIL:]
+            except PlaceFullError as exc:  # past the grader's room only if past the agent's own quotas: its 0
+                record.update(reward=0.0, subscores={}, reward_reason=f"the final workspace could not be graded: {exc}")
+                if record["status"] == "ok":
+                    record["status"] = "reward_error"
+            except SandboxError as exc:
+                record.update(status="infra_error", reward=0.0, error=f"reward sandbox failure: {exc}")
+            except Exception as exc:  # noqa: BLE001 - a grading bug: this episode's record says so, nothing escapes
+                log.error("episode %s: grading raised", episode_id, exc_info=exc)
+                record.update(status="infra_error", reward=0.0, error=internal_failure(exc, "grading").error)
+            timings["reward_s"] = time.monotonic() - t2
+        if record["status"] != status_before_grading:  # the grader set it: its boundary
+            record["failure_boundary"] = "grader"
+    timings["proxy_generate_s"] = sum(c.timings.get("generate_s", 0.0) for c in calls)
+    timings["proxy_total_s"] = sum(c.timings.get("total_s", 0.0) for c in calls)
+    record.update(wall_s=time.monotonic() - t_start, timings=timings)
+    try:
+        rec = EpisodeRecord(**record)
+    except Exception as exc:  # noqa: BLE001 - a bug here must still leave exactly one record
+        log.error("episode %s: building the record failed", episode_id, exc_info=exc)
+        keep = {k: record[k] for k in ("episode_id", "task_id", "suite", "harness", "policy", "num_calls",
+                                       "calls_path", "wall_s") if k in record}
+        rec = EpisodeRecord(**keep, status="infra_error", failure_boundary="internal",
+                            error=internal_failure(exc, "building the episode record").error)
+    try:
+        write_record(root / "episode.json", rec)
+    except OSError as exc:
+        log.error("episode %s: could not write %s: %s", episode_id, root / "episode.json", exc)
+    return EpisodeResult(rec, list(calls))
+
+
+def _apply(record: dict[str, Any], verdict: Verdict) -> None:
+    record.update(status=verdict.status, failure_boundary=verdict.boundary, error=verdict.error)

@@ -1,0 +1,364 @@
+"""GRPO over call trees, through real harnesses — one file, one loop (``clawgym train`` runs it).
+
+Each step:
+
+1. **Rollouts.** ``groups_per_step`` tasks are drawn from the train suite (a per-step seeded draw,
+   so a resumed run draws what the uninterrupted one would have) and split between the harnesses
+   of ``harnesses`` by ratio; each (task, harness) runs ``group_size`` episodes against the serving
+   copy of the policy, sampling at ``temperature`` (the action of every episode).
+2. **Groups.** Episodes are grouped by (task, harness); infrastructure failures are excluded (never
+   scored 0); each rollout is cleaned (``clean:``, :mod:`trainers.batch.clean`: only the calls of
+   ``train_kinds`` — the main agent by default — minus dead retries are trained, and a rollout whose
+   cleaned tree has more than ``max_leaves`` leaves leaves its group); a group whose rewards are all equal
+   is skipped; each episode gets one advantage
+   ``A_e = r_e - mean(r)`` (``/ std`` with ``normalize_std``) for all of its sampled tokens.
+   Calls not token-exact: their tokens are masked (see :mod:`trainers.batch.tree_batch`).
+3. **One forward per group.** A group's episodes are one call tree, packed into one sequence with a
+   tree attention mask, so a shared prefix (system prompt, task, earlier turns) is computed once.
+4. **Loss.** For token ``t`` and every episode ``e`` through it (weights ``W[t,e] = 1/(G·N_e)`` per
+   group, averaged over groups)::
+
+       r_t   = exp(logp_t - logp_old_t)                 logp_old: trained model before this update
+       w_t   = min(exp(logp_old_t - logp_rollout_t), is_clip)    truncated importance sampling
+       loss  = Σ_{t,e} W[t,e] · w_t · -min(r_t A_e, clip(r_t, 1-clip_eps, 1+clip_eps_high) A_e)
+             + kl_coef · Σ_t (Σ_e W[t,e]) · k3_t,     k3_t = exp(d) - d - 1,  d = logp_ref_t - logp_t
+
+   Logprobs are of the sampling distribution: ``softmax(logits / temperature)`` over the real
+   vocabulary. With ``top_p < 1`` the rollout logprobs are of the truncated distribution, which the
+   trainer does not reproduce; the importance weights then absorb the difference (keep top_p = 1).
+5. **Sync.** After the update the serving policy gets the new weights and version (``trainers.scale.weight_sync``).
+
+Metrics per step (``metrics.jsonl``): rollout reward and pass rate overall and per harness, groups
+trained/skipped, what cleaning removed (``clean/side_calls``, ``clean/side_tokens``, ...,
+``clean/discarded_tokens``, ``clean/dropped_rollouts_max_leaves``, ``clean/kept_tokens``),
+``kl_rollout`` (k3 estimate of KL(rollout ‖ trained) on the sampled tokens), ``clip_fraction``
+(trainable tokens whose ratio left the clip range), importance weights, losses, grad norm, tokens/s
+of training and of rollouts. ``step`` counts iterations; ``version`` counts
+optimiser updates (a step whose groups all had constant reward makes no update).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from clawgym_env.errors import PolicyError
+from trainers.batch.clean import CleanConfig
+from trainers.batch.pack_parts import pack_stats
+from trainers.batch.tree_batch import LOSS_NORMS, OVERLONG_MODES, group_summary, make_groups, pack_groups
+from trainers.grpo.update import grpo_loss, grpo_update, score_pack
+from trainers.metrics import MetricsLogger, MetricsRow, MetricValue, plot_curves, rollout_metrics
+from trainers.policy import PolicyConfig, TrainablePolicy
+from trainers.ranks import check_context, generation_services, rollout_services, setup_policy
+from trainers.rollouts.ahead import AsyncConfig, RolloutAhead, StepBatch, jobs_for
+from trainers.rollouts.evaluation import eval_harnesses, evaluate_harnesses
+from trainers.rollouts.generation import GenerationConfig
+from trainers.rollouts.sync import RolloutConfig, fleet_metrics, harness_plan, judge_for, run_jobs
+from trainers.scale.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.scale.fsdp import DistConfig, broadcast_object
+from trainers.summary import TrainSummary
+
+__all__ = ["Args", "collect_groups", "draw_jobs", "grpo_loss", "grpo_update", "resume", "train"]
+_score = score_pack  # the name earlier code and tests use
+
+
+@dataclasses.dataclass
+class Args:
+    """Every setting of a GRPO run (``clawgym train --help-config grpo`` lists them)."""
+    out_dir: str = "runs/grpo"
+    """folder of the run: metrics.jsonl, checkpoints/, episodes/, config.json, summary.json"""
+    seed: int = 0
+    """seed of Python, NumPy and torch, and of every step's task draw (a resumed run draws what the uninterrupted one
+    would)"""
+    steps: int = 10
+    """number of iterations (each: rollouts, then an update)"""
+    resume: bool = True
+    """continue from ``out_dir``'s latest checkpoint when there is one"""
+    save_every: int = 1
+    """write a checkpoint every this many steps (and after the last one)"""
+    keep_checkpoints: int = 2
+    """keep only this many newest checkpoints"""
+    # tasks and harnesses
+    suite: str = "builtin"
+    """train suite: a bundled suite name (``builtin``) or a folder of ClawGym task dirs"""
+    harnesses: dict[str, float] = dataclasses.field(default_factory=lambda: {"mini": 1.0})
+    """harnesses to roll out through, with ratios: each step's groups/tasks are split between them (mix-harness),
+    e.g. ``{mini: 1, claude-code: 1}``"""
+    groups_per_step: int = 4
+    """(task, harness) groups per step, drawn from the suite without replacement"""
+    group_size: int = 4
+    """G: rollouts per group; each episode's advantage is its reward against the group's"""
+    sandbox: str = "bwrap"
+    """sandbox backend of every episode: ``bwrap`` or ``docker``"""
+    concurrency: int = 4
+    """episodes run at once (one sandbox each) on threads (the ``threads`` rollout backend, and evaluation)"""
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """where the rollouts run: this process's threads or a Ray cluster (see the ``rollout.*`` fields)"""
+    temperature: float = 1.0
+    """sampling temperature of the rollouts; the trainer scores tokens at the same temperature"""
+    top_p: float = 1.0
+    """nucleus sampling of the rollouts; keep 1.0: the trainer does not reproduce top-p truncation"""
+    max_tokens: int = 512
+    """cap on the tokens one model call may sample (overrides the harness's own value)"""
+    pass_threshold: float = 1.0
+    """an episode whose reward reaches this counts as passed in the metrics"""
+    # policy and optimisation
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    """the model to train (see the ``policy.*`` fields)"""
+    learning_rate: float = 1e-5
+    """AdamW learning rate of the policy"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    max_grad_norm: float = 1.0
+    """gradients are clipped to this global norm before each optimiser step"""
+    update_epochs: int = 1
+    """passes over one step's batch (> 1 moves the ratio away from 1, so clipping matters)"""
+    minibatches: int = 1
+    """optimiser steps per epoch: the step's packs are split into this many minibatches"""
+    clip_eps: float = 0.2
+    """PPO clip range: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]"""
+    clip_eps_high: float | None = None
+    """upper clip (DAPO's clip-higher); ``None``: ``clip_eps``"""
+    is_clip: float = 2.0
+    """cap of the truncated importance weight exp(logp_old - logp_rollout) against the serving policy's recorded
+    logprobs"""
+    kl_coef: float = 0.0
+    """weight of the k3 KL penalty to the reference (the initial weights); 0: none and no reference kept"""
+    normalize_std: bool = True
+    """divide advantages by the group's reward standard deviation (Dr. GRPO argues for off)"""
+    loss_norm: str = "episode"
+    """how (token, episode) pair weights are normalised. ``"episode"`` (default, the original GRPO): each
+    episode's loss is the mean over its own trainable tokens, then the group's mean — a token of a short
+    episode weighs more than one of a long episode, so long failures are punished less per token (a
+    length bias). ``"token"`` (DAPO): one mean over every pair of the step — long episodes weigh more.
+    ``"constant"`` (Dr. GRPO): divided by ``G · loss_norm_constant`` per group — no length bias; the
+    gradient's scale depends on the constant."""
+    loss_norm_constant: float | None = None
+    """the divisor of ``loss_norm="constant"`` (default: ``max_tokens``)"""
+    overlong: str = "keep"
+    """episodes with a call cut at ``max_tokens``: ``"keep"`` (trained as they are), ``"mask"`` (in the
+    group's baseline, but no training pairs), ``"penalty"`` (reward minus ``overlong_penalty`` before
+    the advantages)"""
+    overlong_penalty: float = 1.0
+    """what ``overlong="penalty"`` subtracts from an overlong episode's reward"""
+    refill_groups: int = 0
+    """dynamic sampling (DAPO): up to this many extra groups per step are drawn and rolled out while fewer
+    than ``groups_per_step`` groups can train (constant reward, all infrastructure failures, ...); 0: off"""
+    clean: CleanConfig = dataclasses.field(default_factory=CleanConfig)
+    """which calls of a rollout are trained, before the advantages: call kinds, dead retries, ``max_leaves``
+    (see the ``clean.*`` fields; counted in the ``clean/...`` metrics)"""
+    max_pack_tokens: int | None = 32768
+    """at most this many tokens per packed forward: small groups' trees share a pack, a larger tree is split into
+    sub-packs (shared prefixes recomputed, every token's loss counted once: the same loss and gradients); at least
+    ``max_context_tokens``; ``None``: one group (tree) per pack, however large"""
+    max_context_tokens: int = 32768
+    """context limit of one model call at the serving proxy (prompt + sampled tokens); ``max_pack_tokens``, when
+    set, must be at least this"""
+    dist: DistConfig = dataclasses.field(default_factory=DistConfig)
+    """data parallelism under ``torchrun --nproc-per-node N`` (see the ``dist.*`` fields)"""
+    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
+    """where the rollouts are sampled: an in-process copy of the policy (``transformers``, default) or vLLM
+    engines synced after every update (``vllm``; see the ``generation.*`` fields)"""
+    async_: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
+    """``async:`` in a config: ``max_staleness`` > 0 collects the next steps' rollouts while this one trains,
+    off-policy by at most that many versions (see the ``async.*`` fields)"""
+    chunk_size: int = 1024
+    """LM-head rows computed at once when scoring (memory vs speed with the 151k vocabulary)"""
+    # evaluation and logging
+    eval_suite: str | None = None
+    """held-out suite evaluated in the loop (``None``: no in-loop evaluation)"""
+    eval_every: int = 0
+    """evaluate every this many steps and after the last one (0: never)"""
+    eval_samples: int = 1
+    """episodes per held-out task and harness"""
+    eval_harness: str | None = None
+    """harness of the in-loop evaluation; ``None``: every harness of ``harnesses`` (metrics per harness)"""
+    tensorboard: bool = False
+    """also write TensorBoard event files into ``out_dir``"""
+    plot: bool = True
+    """draw ``curves.png`` from the metrics at the end"""
+    progress: bool = True
+    """show a progress bar"""
+
+    def __post_init__(self) -> None:
+        if self.loss_norm not in LOSS_NORMS:
+            raise PolicyError(f"loss_norm must be one of {LOSS_NORMS}, got {self.loss_norm!r}")
+        if self.overlong not in OVERLONG_MODES:
+            raise PolicyError(f"overlong must be one of {OVERLONG_MODES}, got {self.overlong!r}")
+        if self.refill_groups < 0 or (self.loss_norm_constant is not None and self.loss_norm_constant <= 0):
+            raise PolicyError("refill_groups must be >= 0 and loss_norm_constant > 0 when set")
+        check_context(self.max_context_tokens, self.max_pack_tokens)
+
+
+def draw_jobs(args: Args, tasks: list, step: int, groups: int | None = None, refill: int = 0) -> list[tuple[Any, str]]:
+    """(task, harness) jobs of a step: a seeded draw per step (and per refill round), without replacement
+    within a draw; ``groups`` defaults to ``groups_per_step``."""
+    seed = args.seed * 1_000_003 + step
+    rng = random.Random(seed if refill == 0 else seed * 1_009 + refill)
+    plan = harness_plan(args.harnesses, args.groups_per_step if groups is None else groups)
+    jobs = []
+    for harness, n in sorted(plan.items()):
+        picks: list[Any] = []
+        while len(picks) < n:
+            picks += rng.sample(tasks, min(len(tasks), n - len(picks)))
+        jobs += [(t, harness) for t in picks]
+    return jobs
+
+
+def collect_groups(args: Args, tasks: list, step: int, run) -> tuple[list[Any], list[Any], dict[str, int]]:
+    """Step 1-2 with dynamic sampling: ``run(jobs) -> results``; returns (results, groups, refill stats).
+
+    While fewer than ``groups_per_step`` groups can train and the ``refill_groups`` budget lasts, new
+    groups are drawn (fresh seeded draws) and rolled out; every group drawn stays in the metrics.
+    """
+    results = list(run(draw_jobs(args, tasks, step)))
+    groups = make_groups(results, normalize_std=args.normalize_std, overlong=args.overlong,
+                         overlong_penalty=args.overlong_penalty, clean=args.clean)
+    drawn = rounds = 0
+    while drawn < args.refill_groups:
+        missing = args.groups_per_step - sum(g.skipped is None for g in groups)
+        if missing <= 0:
+            break
+        n = min(missing, args.refill_groups - drawn)
+        rounds += 1
+        more = list(run(draw_jobs(args, tasks, step, groups=n, refill=rounds)))
+        drawn += n
+        results += more
+        groups += make_groups(more, normalize_std=args.normalize_std, overlong=args.overlong,
+                              overlong_penalty=args.overlong_penalty, clean=args.clean)
+    return results, groups, {"refill_groups": drawn, "refill_rounds": rounds}
+
+
+def _number(value: MetricValue) -> float:
+    """A metric as a float for display (NaN when it is missing or not a number)."""
+    return float(value) if isinstance(value, (int, float)) and value is not None else float("nan")
+
+
+def resume(args: Args, policy: TrainablePolicy, optimizer: torch.optim.Optimizer, out: Path,
+           echo=print, *, reference_taken: bool = False) -> tuple[int, int]:
+    """Take the KL reference (unless ``reference_taken``), then load ``out``'s latest checkpoint if resuming (on
+    every rank: a collective under FSDP); returns (first step, version).
+
+    Invariant: the reference is always the weights the run *started* from (``args.policy``), taken
+    before any checkpoint is loaded (:func:`train` takes it before sharding), so a resumed run penalises
+    drift from the same model as the uninterrupted one would (not from the resumed weights).
+    """
+    if args.kl_coef > 0 and not reference_taken:
+        policy.freeze_reference()
+    if not (args.resume and latest_checkpoint(out) is not None):
+        return 1, 0
+    state = load_checkpoint(out, policy, optimizer)
+    echo(f"resumed from {state['path']} (step {state['step']}, version {state['version']})")
+    return state["step"] + 1, state["version"]
+
+
+def _slim(groups: list[Any]) -> list[Any]:
+    """Groups without their episodes' records: what :func:`pack_groups` reads (trees, advantages, masks)."""
+    return [dataclasses.replace(g, episodes=[], dropped=[]) for g in groups]
+
+
+def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> TrainSummary:
+    """Run GRPO per ``args`` (on every rank under ``torchrun``: rank 0 rolls out, logs and writes the summary,
+    every rank trains on its share); returns its summary (also written to ``<out_dir>/summary.json``)."""
+    from tasks import load_suite
+
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    ranks = setup_policy(args.policy, args.dist, policy, reference=args.kl_coef > 0,
+                         serve_in_process=args.generation.backend == "transformers")
+    main, policy = ranks.info.is_main, ranks.policy
+    say = echo if main else (lambda *_: None)
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    start, version = resume(args, policy, optimizer, out, say, reference_taken=True)
+    tasks = list(load_suite(args.suite).tasks) if main else []
+    eval_tasks = list(load_suite(args.eval_suite).tasks) if args.eval_suite and main else []
+    metrics = MetricsLogger(out, tensorboard=args.tensorboard, start_step=start) if main else None
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
+    bar = None
+    if args.progress and start <= args.steps and main:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=args.steps, initial=start - 1, desc="grpo", unit="step")
+    last: MetricsRow = {}
+    judge = judge_for(tasks + eval_tasks)
+
+    def run(jobs):  # async: no version given, every call records the serving version that sampled it
+        return run_jobs(rt, jobs, group_size=args.group_size, sampling=sampling, concurrency=args.concurrency,
+                        fleet=fleet, policy_version=None if args.async_.max_staleness else version)
+
+    regroup = functools.partial(make_groups, normalize_std=args.normalize_std, overlong=args.overlong,
+                                overlong_penalty=args.overlong_penalty, clean=args.clean)
+    ahead = RolloutAhead(lambda n: StepBatch(n, *collect_groups(args, tasks, n, run)), args.async_, start=start,
+                         stop=args.steps, regroup=regroup, rerun=lambda keys: run(jobs_for(keys, tasks)))
+    with generation_services(ranks, args.generation, out, max_context_tokens=args.max_context_tokens,
+                            version=version), \
+            rollout_services(ranks, rollout=args.rollout, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge,
+                          max_context_tokens=args.max_context_tokens) as (rt, fleet), \
+            ahead if main else contextlib.nullcontext():
+        for step in range(start, args.steps + 1):
+            t0 = time.perf_counter()
+            row: MetricsRow = {}
+            groups: list[Any] = []
+            if main:
+                batch = ahead.get(step, version)
+                results, groups, rollout_s = batch.results, batch.groups, batch.rollout_s
+                row = rollout_metrics(results, args.pass_threshold)
+                row["rollout_s"] = rollout_s
+                row["rollout_tokens_per_s"] = _number(row["sampled_tokens"]) / rollout_s if rollout_s > 0 else None
+                row.update(group_summary(groups), **batch.stats)
+                row.update(fleet_metrics(fleet))  # per-node / per-harness counts of the Ray fleet ({} on threads)
+                if batch.metrics is not None and args.async_.max_staleness:
+                    row.update(batch.metrics.row(args.async_.max_staleness))
+            if ranks.info.distributed:
+                groups = broadcast_object(_slim(groups) if main else [])
+            packs = pack_groups(groups, max_tokens=args.max_pack_tokens, device=policy.device,
+                                loss_norm=args.loss_norm, norm_constant=args.loss_norm_constant or args.max_tokens)
+            row["masked_inexact_tokens"] = sum(p.masked_inexact_tokens for p in packs)
+            row.update(pack_stats(packs).as_metrics())
+            if packs:
+                row.update(grpo_update(policy, optimizer, packs, args))
+                version += 1
+                ranks.sync.push(policy, version)
+            row["version"] = version
+            if main and eval_tasks and args.eval_every and (step % args.eval_every == 0 or step == args.steps):
+                row.update(evaluate_harnesses(rt, eval_tasks, eval_harnesses(args.eval_harness, args.harnesses),
+                                              samples=args.eval_samples, sampling=sampling,
+                                              concurrency=args.concurrency, pass_threshold=args.pass_threshold))
+            if main:
+                row.update(ranks.sync.step_metrics())  # weight-sync timings, prefix-cache hit rates
+            row["step_s"] = time.perf_counter() - t0
+            if metrics is not None:
+                last = metrics.log(step, row)
+            if step % max(1, args.save_every) == 0 or step == args.steps:
+                save_checkpoint(out, step, policy, optimizer, config=args, version=version,
+                                keep=args.keep_checkpoints)
+            if bar is not None:
+                bar.set_postfix_str(f"reward {_number(row['reward_mean']):.3f} pass {_number(row['pass_rate']):.2f}"
+                                    f" groups {row['groups_trained']}/{row['groups']}")
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    if metrics is not None:
+        metrics.close()
+    curves = plot_curves(metrics.path, out) if args.plot and metrics is not None else None
+    ckpt = latest_checkpoint(out)
+    summary = TrainSummary(algo="grpo", out_dir=str(out), steps=args.steps, metrics=str(out / "metrics.jsonl"),
+                           last=last, version=version, checkpoint=str(ckpt) if ckpt else None,
+                           curves=str(curves) if curves else None)
+    if main:
+        summary.write()
+    if not math.isfinite(summary.final_loss or 0.0):
+        say("warning: the last loss is not finite")
+    return summary

@@ -1,0 +1,227 @@
+"""Where a trainer's rollouts are sampled: the in-process transformers loop, or vLLM engines.
+
+:func:`open_generation` turns a :class:`GenerationConfig` (the ``generation:`` section of a trainer's config)
+into a :class:`ServingSync`: ``.serving`` is the policy the rollouts use (give it to the ``Runtime``),
+``.push(policy, version)`` serves new weights after each update, ``.step_metrics()`` is what to log per step.
+
+* ``backend: transformers`` (the default): today's :class:`~trainers.scale.weight_sync.InProcessSync`.
+* ``backend: vllm``: the policy's merged weights are written once as ``<out_dir>/serving/v<version>/``;
+  ``replicas`` vLLM servers start on it (in parallel, each from the vLLM venv, ``tensor_parallel_size``
+  devices each); rollouts go through a :class:`~clawgym_env.policy.replicas.ReplicaPolicy` (episode-sticky,
+  version-gated); weights are synced by :class:`~trainers.scale.weight_sync.VLLMSync` (``sync``: ``inplace`` reload,
+  ``restart``, or ``collective`` broadcast; ``auto`` = inplace unless the model ties its embeddings).
+
+Invariants: every server started is stopped when the context exits, also on error and when a later
+server fails to start; under several trainer ranks every rank enters the context (the initial weights
+are gathered collectively) but only rank 0 starts servers, and the others get a
+:class:`~trainers.scale.weight_sync.GatherOnlySync` (``serving`` None, ``push`` joins the gather);
+``max_model_len`` defaults to the trainer's ``max_context_tokens``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from clawgym_env.errors import PolicyError
+from trainers.scale.weight_sync import (
+    GatherOnlySync,
+    InProcessSync,
+    VLLMSync,
+    serving_weights,
+    trainer_rank,
+    write_model_dir,
+)
+
+
+@dataclasses.dataclass
+class GenerationConfig:
+    """How rollouts are generated during training (the ``generation:`` section)."""
+
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """``transformers``: an in-process copy of the policy samples (batch 1, simple, slow); ``vllm``: vLLM
+    servers started from their venv (``scripts/vllm_env.sh``) sample, token ids in and out"""
+    replicas: int = 1
+    """with ``vllm``: number of engines; each episode's calls stay on one (prefix-cache reuse)"""
+    tensor_parallel_size: int = 1
+    """with ``vllm``: GPUs per engine (``--tensor-parallel-size``)"""
+    gpu_memory_utilization: float = 0.85
+    """with ``vllm`` on GPU: share of each engine's GPU memory vLLM may take (weights + KV cache); lower it
+    when the trainer shares the GPU"""
+    gpus: list[int] | None = None
+    """with ``vllm`` on GPU: the GPU indices the engines use, ``tensor_parallel_size`` per replica in order
+    (``CUDA_VISIBLE_DEVICES`` of each); None: every engine sees this process's GPUs"""
+    max_model_len: int | None = None
+    """with ``vllm``: prompt + completion tokens an engine serves; None: the trainer's ``max_context_tokens``"""
+    sync: Literal["auto", "inplace", "restart", "collective"] = "auto"
+    """with ``vllm``, how new weights reach the engines: ``inplace`` (write a model folder, engines reload it
+    without restarting), ``restart`` (engines restart on it: slow, always correct), ``collective`` (broadcast
+    over a gloo/NCCL group into the workers, no files; CPU: gloo; with NCCL the engines need GPUs other than
+    trainer rank 0's, as NCCL refuses two ranks on one GPU: on one shared GPU use inplace), ``auto``: inplace
+    unless the model ties its input/output embeddings (vLLM 0.32 cannot reload those in place), then restart"""
+    collective_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """with ``sync: collective``: the group's backend (``auto``: nccl when CUDA is available, else gloo)"""
+    dtype: str = "auto"
+    """with ``vllm``: ``--dtype`` of the engines (``auto``: the model config's; ``float32`` for exact logprob
+    comparisons on CPU)"""
+    venv: str | None = None
+    """with ``vllm``: the vLLM virtual environment (None: ``$CLAWGYM_VLLM_VENV`` or the default cache one)"""
+    enforce_eager: bool = False
+    """with ``vllm``: skip CUDA graphs / compilation (faster start, slower decoding)"""
+    kv_cache_gib: int = 4
+    """with ``vllm`` on CPU: the KV cache size (``VLLM_CPU_KVCACHE_SPACE``)"""
+    extra_args: list[str] = dataclasses.field(default_factory=list)
+    """with ``vllm``: more ``vllm serve`` arguments, verbatim"""
+    host: str = "127.0.0.1"
+    """with ``vllm``: the address the engines listen on (and where the broadcast group's store listens)"""
+    startup_timeout_s: float = 900.0
+    """with ``vllm``: how long an engine may take to start"""
+    keep_versions: int = 2
+    """with ``vllm``: weight folders kept under ``<out_dir>/serving`` (the served one is always kept)"""
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("transformers", "vllm"):
+            raise ValueError(f"generation.backend must be 'transformers' or 'vllm', not {self.backend!r}")
+        if self.sync not in ("auto", "inplace", "restart", "collective"):
+            raise ValueError(f"generation.sync must be auto, inplace, restart or collective, not {self.sync!r}")
+        if self.collective_backend not in ("auto", "gloo", "nccl"):
+            raise ValueError("generation.collective_backend must be auto, gloo or nccl, not "
+                             f"{self.collective_backend!r}")
+        if self.replicas < 1 or self.tensor_parallel_size < 1:
+            raise ValueError("generation.replicas and generation.tensor_parallel_size must be >= 1")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("generation.gpu_memory_utilization must be in (0, 1]")
+        if self.gpus is not None and len(self.gpus) < self.replicas * self.tensor_parallel_size:
+            raise ValueError(f"generation.gpus lists {len(self.gpus)} GPUs; replicas x tensor_parallel_size = "
+                             f"{self.replicas * self.tensor_parallel_size} are needed")
+
+
+class ServingSync(Protocol):
+    """What :func:`open_generation` yields (both :class:`InProcessSync` and :class:`VLLMSync`)."""
+
+    serving: Any
+    """the policy rollouts sample from (None on trainer ranks other than 0 with ``vllm``)"""
+
+    def push(self, policy: Any, version: int) -> int:
+        """Serve ``policy``'s current weights as ``version`` (every rank calls it)."""
+        ...
+
+    def step_metrics(self) -> dict[str, float | None]:
+        """Per-step figures to log (weight-sync timings, prefix-cache hit rates)."""
+        ...
+
+
+def _server_args(cfg: GenerationConfig) -> list[str]:
+    import torch
+
+    args = list(cfg.extra_args)
+    if cfg.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
+    if torch.cuda.is_available():
+        args += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    return args
+
+
+def _start_servers(cfg: GenerationConfig, model_dir: Path, max_model_len: int, logs: Path,
+                   worker_extension: bool) -> list[Any]:
+    """Start ``cfg.replicas`` servers in parallel; on any failure stop them all and raise."""
+    from clawgym_env.policy.vllm.server import VLLMServer
+
+    servers = []
+    for i in range(cfg.replicas):
+        env = {}
+        if cfg.gpus is not None:
+            own = cfg.gpus[i * cfg.tensor_parallel_size:(i + 1) * cfg.tensor_parallel_size]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in own)
+        servers.append(VLLMServer(model_dir, host=cfg.host, venv=cfg.venv, served_model_name="trainee",
+                                  dtype=cfg.dtype, max_model_len=max_model_len, kv_cache_gib=cfg.kv_cache_gib,
+                                  enforce_eager=cfg.enforce_eager, extra_args=_server_args(cfg), env=env,
+                                  log_path=logs / f"vllm-replica{i}.log", startup_timeout_s=cfg.startup_timeout_s,
+                                  worker_extension=worker_extension))
+    with cf.ThreadPoolExecutor(max_workers=len(servers)) as pool:
+        futures = [pool.submit(s.start) for s in servers]
+        errors = [f.exception() for f in futures]
+    failed = [e for e in errors if e is not None]
+    if failed:
+        for s in servers:
+            s.stop()
+        raise PolicyError(f"{len(failed)} of {len(servers)} vLLM engines failed to start: {failed[0]}")
+    return servers
+
+
+def _sync_method(cfg: GenerationConfig, model_dir: Path) -> str:
+    from clawgym_env.policy.vllm.weights import ties_embeddings
+
+    tied = ties_embeddings(model_dir)
+    if cfg.sync == "auto":
+        return "restart" if tied else "inplace"
+    if tied and cfg.sync in ("inplace", "collective"):
+        raise PolicyError(f"generation.sync={cfg.sync} cannot update a model with tied input/output embeddings "
+                          "(vLLM 0.32 leaves the tied output embedding stale); use sync: restart (or auto)")
+    return cfg.sync
+
+
+def _collective_backend(cfg: GenerationConfig) -> str:
+    import torch
+
+    if cfg.collective_backend != "auto":
+        return cfg.collective_backend
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+@contextlib.contextmanager
+def open_generation(cfg: GenerationConfig, policy: Any, out_dir: str | os.PathLike, *, max_context_tokens: int,
+                    in_process: ServingSync | None = None) -> Iterator[ServingSync]:
+    """The serving side of a training run per ``cfg`` (see the module docstring); every rank enters it.
+
+    ``in_process``: with ``backend: transformers``, a sync built already (e.g. rank 0's serving copy taken
+    before the module was sharded), yielded as it is; without it rank 0 builds
+    :meth:`InProcessSync.for_policy` here and the other ranks get a :class:`GatherOnlySync`.
+    """
+    if cfg.backend == "transformers":
+        if in_process is not None:
+            yield in_process
+            return
+        yield InProcessSync.for_policy(policy) if trainer_rank() == 0 else GatherOnlySync()
+        return
+    from clawgym_env.policy.replicas import ReplicaPolicy
+
+    root = Path(out_dir) / "serving"
+    state = serving_weights(policy)  # every rank: a collective under FSDP (rank 0's CPU gets the weights)
+    if trainer_rank() != 0:
+        yield GatherOnlySync()
+        return
+    first = write_model_dir(state, policy.causal_lm, policy.tokenizer, root / "v0")
+    del state
+    method = _sync_method(cfg, first)
+    max_len = int(cfg.max_model_len or max_context_tokens)
+    servers = _start_servers(cfg, first, max_len, root, worker_extension=method == "collective")
+    serving: ReplicaPolicy | None = None
+    sync: VLLMSync | None = None
+    try:
+        vocab = int(policy.causal_lm.config.vocab_size)
+        replicas = [s.policy(tokenizer=policy.tokenizer, vocab_size=vocab) for s in servers]
+        serving = ReplicaPolicy(replicas, name="vllm:trainee")
+        broadcaster = None
+        if method == "collective":
+            from clawgym_env.policy.vllm.collective import WeightBroadcaster
+
+            broadcaster = WeightBroadcaster([s.url for s in servers], tensor_parallel_size=cfg.tensor_parallel_size,
+                                            backend=_collective_backend(cfg), host=cfg.host,
+                                            timeout_s=cfg.startup_timeout_s)
+        sync = VLLMSync(serving, servers, method=method, root=root, model=policy.causal_lm, tokenizer=policy.tokenizer,
+                        broadcaster=broadcaster, keep=cfg.keep_versions)
+        yield sync
+    finally:
+        if sync is not None:
+            with contextlib.suppress(Exception):
+                sync.close()
+        if serving is not None:
+            serving.close()
+        for server in servers:
+            server.stop()
