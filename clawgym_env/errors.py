@@ -42,6 +42,11 @@ class PolicyError(ClawGymError):
     """A policy backend could not be built or failed to generate."""
 
 
+class ConfigError(ClawGymError, ValueError):
+    """A configuration (training args, a run's options, a config file) is invalid: names the field, what it holds
+    and what would be accepted. Raised before anything runs; a ``ValueError`` too, so generic handlers catch it."""
+
+
 class RegistrationError(ClawGymError):
     """An unknown environment, harness, suite or policy name (lists close names)."""
 
