@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import sys
+from unittest import mock
 
 import pytest
 
@@ -139,10 +140,11 @@ def test_counts_become_flat_metrics_and_a_postfix():
             self.postfix.append((s, refresh))
 
     bar = Bar()
-    show = bar_postfix(bar, every_s=3600)
-    show(stats.snapshot())
-    show(stats.snapshot())
-    assert [r for _, r in bar.postfix] == [True, False]  # redrawn at most every every_s
+    with mock.patch("clawgym_env.fleet.stats.time.monotonic", return_value=5.0):  # a machine up for 5 s
+        show = bar_postfix(bar, every_s=3600)
+        show(stats.snapshot())
+        show(stats.snapshot())
+    assert [r for _, r in bar.postfix] == [True, False]  # redrawn at most every every_s, whatever the uptime
     assert "q=2 run=1 infra=1" in bar.postfix[0][0] and "calls/s" in bar.postfix[0][0]
     assert "codex=1/0" in bar.postfix[0][0] and "mini=0/0!1" in bar.postfix[0][0]  # per harness when mixed
 

@@ -166,11 +166,12 @@ def fleet_metrics(fleet: object) -> dict[str, float | int]:
 def bar_postfix(bar: Any, every_s: float = 0.5) -> Callable[[FleetProgress], None]:
     """A fleet progress callback that shows :meth:`FleetProgress.line` in a tqdm ``bar``'s postfix, redrawn at
     most every ``every_s`` seconds (and at the batch's end); the bar's count is its owner's to update."""
-    last = [0.0]
+    last: list[float | None] = [None]  # when it last redrew; None: never (the first call always redraws)
 
     def show(p: FleetProgress) -> None:
-        now = time.monotonic()
-        redraw = p.done >= p.total or now - last[0] >= every_s
+        now = time.monotonic()  # counts from an arbitrary point (boot on Linux): only differences mean anything
+        previous = last[0]
+        redraw = previous is None or p.done >= p.total or now - previous >= every_s
         bar.set_postfix_str(p.line(), refresh=redraw)
         if redraw:
             last[0] = now
