@@ -35,6 +35,28 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tasks", "harness_adapters"),
     ("clawgym_env",),
 )
+CONCEPT_LAYERS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "clawgym_env": (
+        ("envs",),                # the gym Env and the Runtime: what users call
+        ("fleet",),               # episodes across machines on Ray
+        ("episodes",),            # one episode: sandbox -> harness -> proxy -> grade, as a record
+        ("grading",),             # the trusted grader: reward/ sealed, guest sandboxes, protected inputs
+        ("proxy",),               # the serving proxy and its wire dialects
+        ("policy", "sandbox"),    # policy backends | sandbox backends
+        ("capture", "files"),     # call records and trees | file-system utilities
+    ),
+    "trainers": (
+        ("quickstart",),
+        ("grpo", "ppo", "sft"),   # one folder per algorithm, independent of each other
+        ("ranks",),               # the per-rank training driver
+        ("rollouts",),            # drawing and running a step's episodes
+        ("scale",),               # FSDP2, weight sync, checkpoints, export
+        ("batch",),               # call trees -> groups -> bounded packs
+    ),
+}
+"""Inside a package, its concept folders in layers (top to bottom; a line of several: independent siblings). A
+concept imports only concepts of lower lines; modules not named here (seam types, shared helpers) are free. The
+same layers are written as import-linter ``layers`` contracts with ``containers`` in ``pyproject.toml``."""
 PENDING_CYCLES: dict[frozenset[str], str] = {
 }
 """Known cycles still to break, each with why it exists: a to-do list that must end empty. A cycle
@@ -123,6 +145,26 @@ def layer_violations(root: Path, edges: list[Edge],
     return out
 
 
+def concept_violations(root: Path, edges: list[Edge],
+                       concepts: dict[str, tuple[tuple[str, ...], ...]] = CONCEPT_LAYERS) -> list[str]:
+    """One line per import inside a package that points up its concept layers or across to a sibling concept."""
+    out = []
+    for e in edges:
+        src, dst = e.source.split("."), e.target.split(".")
+        if len(src) < 2 or len(dst) < 2 or src[0] != dst[0] or src[0] not in concepts or src[1] == dst[1]:
+            continue
+        level = {name: i for i, line in enumerate(concepts[src[0]]) for name in line}
+        a, b = src[1], dst[1]
+        if a not in level or b not in level:
+            continue
+        if level[b] < level[a]:
+            out.append(f"{e.where(root)}: {e.source} imports {e.target} (concept {src[0]}.{b} is above {src[0]}.{a})")
+        elif level[b] == level[a]:
+            out.append(f"{e.where(root)}: {e.source} imports {e.target} ({src[0]}.{a} and {src[0]}.{b} are "
+                       "independent siblings)")
+    return out
+
+
 def strongly_connected(nodes: list[str], graph: dict[str, set[str]]) -> list[list[str]]:
     """Tarjan's strongly connected components (iterative), each sorted; components in no order."""
     index: dict[str, int] = {}
@@ -199,7 +241,8 @@ def check_tree(root: Path, layers: tuple[tuple[str, ...], ...] = LAYERS) -> list
     """Every layer violation and import cycle of the packages in ``layers`` under ``root``."""
     modules = find_modules(root, [pkg for line in layers for pkg in line])
     edges = module_edges(root, modules)
-    return layer_violations(root, edges, layers) + [str(c) for c in import_cycles(root, modules, edges)]
+    return (layer_violations(root, edges, layers) + concept_violations(root, edges)
+            + [str(c) for c in import_cycles(root, modules, edges)])
 
 
 # -- the project ----------------------------------------------------------------------------------
@@ -208,6 +251,15 @@ def test_project_imports_respect_the_layers() -> None:
     assert len(modules) > 100 and "clawgym_env.harness" in modules  # the walk found the project
     problems = layer_violations(ROOT, module_edges(ROOT, modules))
     assert not problems, "imports against the layers:\n" + "\n".join(problems)
+
+
+def test_project_concepts_respect_their_layers() -> None:
+    modules = find_modules(ROOT, [pkg for line in LAYERS for pkg in line])
+    for package, lines in CONCEPT_LAYERS.items():  # every concept named is a real folder (or module)
+        for name in (n for line in lines for n in line):
+            assert f"{package}.{name}" in modules, f"{package}.{name} is named in CONCEPT_LAYERS but does not exist"
+    problems = concept_violations(ROOT, module_edges(ROOT, modules))
+    assert not problems, "imports against the concept layers:\n" + "\n".join(problems)
 
 
 def test_project_has_no_import_cycles() -> None:
@@ -223,8 +275,13 @@ def test_import_linter_contracts_state_the_same_layers() -> None:
     tomllib = pytest.importorskip("tomllib")
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
     assert sorted(cfg["root_packages"]) == sorted(pkg for line in LAYERS for pkg in line)
-    contracts = {c["type"]: c for c in cfg["contracts"]}
+    contracts = {c["type"]: c for c in cfg["contracts"] if "containers" not in c}
     assert [tuple(p.strip() for p in line.split("|")) for line in contracts["layers"]["layers"]] == list(LAYERS)
+    inner = {c["containers"][0]: c for c in cfg["contracts"] if "containers" in c}
+    assert sorted(inner) == sorted(CONCEPT_LAYERS)
+    for package, lines in CONCEPT_LAYERS.items():
+        stated = [tuple(p.strip() for p in line.split("|")) for line in inner[package]["layers"]]
+        assert inner[package]["type"] == "layers" and stated == list(lines), package
     assert sorted(contracts["acyclic_siblings"]["ancestors"]) == sorted(cfg["root_packages"])
     for ignored in contracts["acyclic_siblings"].get("ignore_imports", []):  # only imports of pending cycles
         source, target = (m.strip() for m in ignored.split("->"))
@@ -285,6 +342,24 @@ def test_checker_reports_siblings_and_type_checking_imports(tmp_path: Path) -> N
                "independent siblings)" in p for p in problems), problems
     assert any("leaderboards.board imports trainers.grpo" in p for p in problems), problems
     assert len(problems) == 2
+
+
+def test_checker_reports_a_concept_importing_up_or_across(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "clawgym_env/__init__.py": "",
+        "clawgym_env/files/__init__.py": "",
+        "clawgym_env/files/walk.py": "from clawgym_env.sandbox.base import Sandbox\n",  # up
+        "clawgym_env/sandbox/__init__.py": "",
+        "clawgym_env/sandbox/base.py": "from clawgym_env.policy import base\n",  # across
+        "clawgym_env/policy/__init__.py": "",
+        "clawgym_env/policy/base.py": "from clawgym_env import errors\n",  # a seam module: free
+        "clawgym_env/errors.py": "",
+    })
+    problems = check_tree(root)
+    assert len(problems) == 2, problems
+    assert any("clawgym_env.files.walk imports clawgym_env.sandbox.base (concept clawgym_env.sandbox is above "
+               "clawgym_env.files)" in p for p in problems), problems
+    assert any("clawgym_env.sandbox and clawgym_env.policy are independent siblings" in p for p in problems), problems
 
 
 def test_checker_reports_a_cycle_with_its_modules(tmp_path: Path) -> None:
