@@ -1,0 +1,1 @@
+"""One episode, start to end: workspace, sandbox, harness, proxy, grade, and the record it leaves."""

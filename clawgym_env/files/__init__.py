@@ -1,0 +1,1 @@
+"""File-system utilities shared by sandboxes and graders: bounded walks and copies, workspace snapshots."""

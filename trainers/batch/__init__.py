@@ -1,0 +1,1 @@
+"""From rollouts to training batches: groups and advantages, cleaning, call trees into bounded packs, logprobs."""

@@ -1,0 +1,1 @@
+"""Drawing and running a step's episodes: synchronous, ahead of training (async), generation and evaluation."""

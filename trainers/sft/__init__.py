@@ -1,0 +1,1 @@
+"""Supervised fine-tuning on captured expert episodes (the warm start before RL)."""

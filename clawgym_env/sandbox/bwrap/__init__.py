@@ -1,0 +1,1 @@
+"""The bubblewrap sandbox backend: plan, run, host-side files and cgroups, the relay holder."""

@@ -1,0 +1,1 @@
+"""The OpenAI Responses dialect (``POST /v1/responses``)."""
