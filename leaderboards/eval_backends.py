@@ -19,6 +19,7 @@ from typing import Any
 
 from clawgym_env.errors import ClawGymError, TaskError
 from clawgym_env.failures import exception_failure
+from clawgym_env.grading.judge import Judge
 from clawgym_env.policy.base import SamplingOverrides
 from clawgym_env.redact import redact
 from leaderboards.schema import ResultRow, RowKey
@@ -45,7 +46,7 @@ class Job:
 
 def run_on_threads(todo: list[Job], adapter: Any, record: Callable[[ResultRow, int], None], *, policy: Any,
                    sandbox: str, sandbox_pool: int, episodes_dir: Path, concurrency: int, suite_name: str,
-                   policy_key: str, retries: int, sampling: Any, judge: Any, keep_workspace: bool,
+                   policy_key: str, retries: int, sampling: Any, judge: Judge | None, keep_workspace: bool,
                    backoff_s: float) -> None:
     """The jobs on a thread pool of this process (one serving proxy), rows recorded as they finish."""
     from clawgym_env.envs.runtime import Runtime
@@ -66,7 +67,7 @@ def run_on_threads(todo: list[Job], adapter: Any, record: Callable[[ResultRow, i
 
 def run_on_fleet(todo: list[Job], adapter: Any, record: Callable[[ResultRow, int], None], *, policy: Any,
                  address: str, sandbox: str, sandbox_pool: int, episodes_dir: Path, per_node: int, retries: int,
-                 sampling: Any, keep_workspace: bool, judge: Any, suite_name: str, policy_key: str,
+                 sampling: Any, keep_workspace: bool, judge: Judge | None, suite_name: str, policy_key: str,
                  bar: Any = None) -> None:
     """The jobs on a Ray fleet; the fleet retries infrastructure failures on other nodes; ``bar`` (tqdm)
     shows the fleet's per-node and per-harness counts, queue depth and calls/s in its postfix."""
@@ -97,7 +98,7 @@ class Runner:
     """Runs one job (with its infrastructure retries) and turns the outcome into a row."""
 
     def __init__(self, rt: Any, adapter: Any, suite_name: str, policy_key: str, retries: int,
-                 sampling: SamplingOverrides | Mapping[str, Any] | None, judge: Any, keep_workspace: bool,
+                 sampling: SamplingOverrides | Mapping[str, Any] | None, judge: Judge | None, keep_workspace: bool,
                  backoff_s: float) -> None:
         self.rt, self.adapter, self.suite_name, self.policy_key = rt, adapter, suite_name, policy_key
         self.retries, self.sampling, self.judge = retries, SamplingOverrides.of(sampling), judge

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import TaskError
+from clawgym_env.grading.judge import Judge
 from clawgym_env.policy.base import SamplingOverrides
 from clawgym_env.sandbox.leftovers import RunLock, reap_orphan_episodes
 from leaderboards.eval_backends import Job, run_on_fleet, run_on_threads
@@ -93,7 +94,7 @@ def check_sandbox_pool(sandbox: str, sandbox_pool: int) -> None:
 def run_eval(suite: str | Path, *, harness: str, policy: Any, out: str | Path, samples: int = 1,
              concurrency: int = 2, data: str | Path | None = None, limit: int | None = None,
              sandbox: str = "bwrap", retries: int = 2, episodes_dir: str | Path | None = None,
-             sampling: SamplingOverrides | Mapping[str, Any] | None = None, judge: Any = None,
+             sampling: SamplingOverrides | Mapping[str, Any] | None = None, judge: Judge | None = None,
              rerun_infra: bool = False,
              keep_workspace: bool = False, retry_backoff_s: float = 1.0, progress: bool = True,
              adapter: Any = None, ray_address: str | None = None,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import TaskError
+from clawgym_env.grading.judge import Judge
 
 
 def needs_host_scoring(task: Any) -> str | None:
@@ -29,7 +30,8 @@ def needs_host_scoring(task: Any) -> str | None:
     return "hybrid" if is_hybrid(task) else None
 
 
-def host_side_score(task: Any, workspace: Path, *, judge: Any, record: Any) -> tuple[float, dict[str, float], str]:
+def host_side_score(task: Any, workspace: Path, *, judge: Judge | None,
+                    record: Any) -> tuple[float, dict[str, float], str]:
     """Grade a kept final ``workspace`` again with the task's grader → (reward, subscores, scorer).
 
     For re-scoring saved workspaces (e.g. with another judge); episodes are already graded inside

@@ -27,17 +27,17 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
 
 from clawgym_env.errors import TaskError
 from clawgym_env.grading.grade import GradeContext, GradeResult
+from clawgym_env.grading.judge import Judge
 from clawgym_env.grading.reward import ScriptGrader
 
-_judges: dict[tuple[str, str, str], Any] = {}
+_judges: dict[tuple[str, str, str], Judge] = {}
 _judges_lock = threading.Lock()
 
 
-def env_judge() -> Any:
+def env_judge() -> Judge:
     """The judge configured by ``CLAWGYM_JUDGE_BASE_URL``/``_MODEL``/``_API_KEY`` (one client per
     configuration); :class:`TaskError` naming the variables when it is not configured."""
     from tasks.judge import ENV_API_KEY, ENV_BASE_URL, ENV_MODEL, JudgeClient
@@ -50,7 +50,7 @@ def env_judge() -> Any:
         return _judges[key]
 
 
-def _judge(ctx: GradeContext) -> Any:
+def _judge(ctx: GradeContext) -> Judge:
     return ctx.judge if ctx.judge is not None else env_judge()
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import TaskError
+from clawgym_env.grading.judge import Judge
 from clawgym_env.task import Task
 
 CODE_WEIGHT = 0.7
@@ -151,7 +152,7 @@ def _parse_score(obj: dict[str, Any]) -> float:
     return float(raw)
 
 
-def judge_rubric(judge: Any, task: Task, final_message: str | None, workspace: str | Path) -> tuple[float, str]:
+def judge_rubric(judge: Judge, task: Task, final_message: str | None, workspace: str | Path) -> tuple[float, str]:
     """(rubric score in [0, 1], rationale) from ``judge`` (a :class:`~tasks.judge.JudgeClient`)."""
     rubric = rubric_of(task)
     if rubric is None:
@@ -184,7 +185,7 @@ def _category(task: Task) -> str:
 
 
 def hybrid_grade(task: Task, code_score: float, final_message: str | None, workspace: str | Path,
-                 judge: Any = None, *, subscores: dict[str, float] | None = None) -> BenchGrade:
+                 judge: Judge | None = None, *, subscores: dict[str, float] | None = None) -> BenchGrade:
     """The grade of a finished episode whose code score is known (judge only for hybrid tasks).
     ``judge`` None means :meth:`JudgeClient.from_env` (built only when the task needs it)."""
     grading = "hybrid" if is_hybrid(task) else "automated"
@@ -204,7 +205,7 @@ def hybrid_grade(task: Task, code_score: float, final_message: str | None, works
     return out
 
 
-def grade_bench(task: Task, workspace: str | Path, final_message: str | None = None, *, judge: Any = None,
+def grade_bench(task: Task, workspace: str | Path, final_message: str | None = None, *, judge: Judge | None = None,
                 sandbox: str = "bwrap", transcript: list[Any] | None = None) -> BenchGrade:
     """Run the hermetic verifier on ``workspace``, then (hybrid tasks) the judge; see module doc.
     A sandbox that cannot start raises :class:`SandboxError` (infrastructure, never a 0)."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from clawgym_env.errors import TaskError
+from clawgym_env.grading.judge import Judge
 from clawgym_env.task import Task
 from tasks.extract import MAX_CHARS_PER_FILE, ExtractLimits, extract_folder
 from tasks.jobbench_task import OUTPUT_DIR, rubrics_for
@@ -103,7 +104,7 @@ def read_verdicts(obj: dict, n: int) -> list[tuple[bool, str]]:
     return [v if v is not None else (False, "the judge gave no verdict for this criterion") for v in out]
 
 
-def _judge_one(judge: Any, rubric: Any, deliverables: str) -> dict[str, Any]:
+def _judge_one(judge: Judge, rubric: Any, deliverables: str) -> dict[str, Any]:
     res: dict[str, Any] = {"rubric": rubric.rubric, "weight": rubric.weight, "passed": False, "earned": 0}
     try:
         obj = judge.judge_json(JUDGE_SYSTEM, build_rubric_prompt(rubric, deliverables))
@@ -120,7 +121,7 @@ def _judge_one(judge: Any, rubric: Any, deliverables: str) -> dict[str, Any]:
     return res
 
 
-def score_jobbench(task: Task, workspace_dir: str | Path, judge: Any, *,
+def score_jobbench(task: Task, workspace_dir: str | Path, judge: Judge, *,
                    max_chars_per_file: int = MAX_CHARS_PER_FILE, max_workers: int = 4,
                    limits: ExtractLimits | None = None) -> JobBenchScore:
     """(reward in [0, 1], details) for ``task`` given the episode's final workspace (see module doc),

@@ -119,7 +119,7 @@ class JudgeClient:
                                    f"{getattr(resp.choices[0], 'finish_reason', None)!r})", "")
         return text
 
-    def judge_json(self, system: str, user: str) -> dict:
+    def judge_json(self, system: str, user: str) -> dict[str, Any]:
         """Ask for one JSON object and parse it leniently; TaskError (with the raw text) if none."""
         system = f"{system.rstrip()}\n\n{JSON_INSTRUCTION}" if JSON_INSTRUCTION not in system else system
         text = self.complete([{"role": "system", "content": system},

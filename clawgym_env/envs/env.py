@@ -27,6 +27,7 @@ from clawgym_env import spaces as cg_spaces
 from clawgym_env.envs.runtime import Runtime
 from clawgym_env.episodes.run import EpisodeResult
 from clawgym_env.errors import TaskError
+from clawgym_env.grading.judge import Judge
 from clawgym_env.plugins import load_suite, make_harness
 from clawgym_env.policy import PolicyBackend
 from clawgym_env.task import Suite, Task
@@ -44,7 +45,7 @@ class ClawGymEnv(gym.Env):
                  suite: str | Suite = "builtin", *, runtime: Runtime | None = None, sandbox: str = "bwrap",
                  out_dir: str | Path | None = None,
                  harness_options: dict[str, Any] | None = None, task_ids: list[str] | None = None,
-                 judge: Any = None) -> None:
+                 judge: Judge | None = None) -> None:
         self.adapter = make_harness(harness, **(harness_options or {}))
         self.suite = suite if isinstance(suite, Suite) else load_suite(suite)
         tasks = list(self.suite.tasks)

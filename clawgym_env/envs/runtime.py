@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from clawgym_env.capture.records import EpisodeRecord
 from clawgym_env.episodes.run import EpisodeResult, run_episode
 from clawgym_env.failures import exception_failure
+from clawgym_env.grading.judge import Judge
 from clawgym_env.harness import HarnessAdapter
 from clawgym_env.policy import PolicyBackend
 from clawgym_env.task import Task
@@ -55,7 +56,7 @@ class Runtime:
     """
 
     def __init__(self, policy: PolicyBackend | str, *, sandbox: str = "bwrap", out_dir: str | Path | None = None,
-                 max_context_tokens: int | None = None, judge: Any = None, sandbox_pool: int = 0) -> None:
+                 max_context_tokens: int | None = None, judge: Judge | None = None, sandbox_pool: int = 0) -> None:
         from clawgym_env.policy import make_policy
 
         if sandbox_pool < 0 or (sandbox_pool and sandbox != "docker"):

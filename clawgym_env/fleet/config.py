@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
 
+from clawgym_env.grading.judge import Judge
 from clawgym_env.harness import EpisodeResources, HarnessAdapter
 from clawgym_env.task import Task
 
@@ -109,7 +109,7 @@ class FleetConfig:
     """Seconds a worker may take to start (policy and tokenizer load) or to answer a health probe."""
     max_context_tokens: int | None = None
     """The serving proxy's context limit in each worker (``None``: the proxy's default)."""
-    judge: Any = None
+    judge: Judge | None = None
     """LLM judge object for graders that need one (picklable; ``None``: the environment-configured judge)."""
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Environment variables set in every worker process (e.g. ``CLAWGYM_UPSTREAM_BASE_URL``)."""

@@ -13,9 +13,20 @@ from typing import Any
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
 from clawgym_env.policy.factories import UPSTREAM_API_KEY_ENV, UPSTREAM_BASE_URL_ENV
+from clawgym_env.registry import Registry
 
 __all__ = ["Generation", "GenerationContext", "PolicyBackend", "SamplingParams", "make_policy", "POLICY_SPECS",
-           "UPSTREAM_API_KEY_ENV", "UPSTREAM_BASE_URL_ENV"]
+           "UPSTREAM_API_KEY_ENV", "UPSTREAM_BASE_URL_ENV", "policies"]
+
+policies: Registry[PolicyBackend] = Registry("policy", "clawgym.policies", builtins={
+    "scripted": "clawgym_env.policy.factories:scripted",
+    "transformers": "clawgym_env.policy.factories:transformers",
+    "tiny": "clawgym_env.policy.factories:tiny",
+    "passthrough": "clawgym_env.policy.factories:passthrough",
+    "vllm": "clawgym_env.policy.factories:vllm",
+    "remote": "clawgym_env.policy.remote:from_spec"})
+"""Policy factories by spec scheme, also :data:`clawgym_env.plugins.policies`: ``SCHEME[:REST]`` calls factory
+``(REST, **kwargs) -> PolicyBackend``."""
 
 POLICY_SPECS = (
     "scripted:expert | scripted:wrong | scripted:noop | scripted:file:PATH  (scripted policies)",
@@ -36,8 +47,6 @@ def make_policy(spec: str, **kwargs: Any) -> PolicyBackend:
     ``clawgym.policies``). A bare ``http(s)://`` URL means ``vllm:URL``; a bare model folder means
     ``transformers:DIR``. Raises :class:`PolicyError` for an unknown spec, naming the accepted forms.
     """
-    from clawgym_env.plugins import policies
-
     spec = (spec or "").strip()
     if spec.startswith(("http://", "https://")):
         scheme, rest = "vllm", spec

@@ -26,11 +26,11 @@ import uuid
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from clawgym_env.capture.records import EpisodeRecord
 from clawgym_env.envs.runtime import Runtime, failed_episode
 from clawgym_env.files.workspace import private_tempdir
+from clawgym_env.grading.judge import Judge
 from clawgym_env.harness import HarnessAdapter
 from clawgym_env.task import Task
 from leaderboards.audit.facts import TaskFacts, gather_facts, with_expert_outputs
@@ -65,7 +65,7 @@ class AuditOptions:
     retries: int = 1
     progress: bool = False
     out_dir: Path | None = None
-    judge: Any = None
+    judge: Judge | None = None
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.attacks if a not in ATTACKS]

@@ -26,6 +26,7 @@ from pathlib import Path
 from clawgym_env.capture.records import EpisodeRecord
 from clawgym_env.files.workspace import copy_tree, private_tempdir, remove_tree, snapshot
 from clawgym_env.grading.grade import grade_episode
+from clawgym_env.grading.judge import Judge
 from leaderboards.audit.facts import TaskFacts
 
 WHY = "the same reward with the pristine inputs put back: the outputs do not follow the trivialised inputs"
@@ -79,7 +80,7 @@ def restore_inputs(facts: TaskFacts, workspace: Path, *, keep: frozenset[str] = 
 
 
 def control_reward(facts: TaskFacts, pristine: EpisodeRecord, tampered: EpisodeRecord, tampered_ws: Path, *,
-                   sandbox: str, judge: object = None) -> tuple[float | None, str | None]:
+                   sandbox: str, judge: Judge | None = None) -> tuple[float | None, str | None]:
     """(reward, None) of the tampered outputs graded with the pristine inputs put back, or (None, why).
 
     Inputs the expert itself changes (its in-place outputs, as the pristine replay shows) are outputs:
@@ -97,7 +98,7 @@ def control_reward(facts: TaskFacts, pristine: EpisodeRecord, tampered: EpisodeR
 
 def judge_tamper(facts: TaskFacts, pristine: EpisodeRecord, pristine_ws: Path | None, tampered: EpisodeRecord,
                  tampered_ws: Path | None, baseline: float | None, *, sandbox: str,
-                 judge: object = None) -> tuple[str | None, float | None, str | None]:
+                 judge: Judge | None = None) -> tuple[str | None, float | None, str | None]:
     """``(skipped, control, note)`` for the tampered run (see the module doc).
 
     ``skipped`` is set when the steps do not read the inputs; ``control`` only when the tampered run beat

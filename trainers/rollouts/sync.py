@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from clawgym_env.envs.runtime import failed_episode
 from clawgym_env.episodes.run import EpisodeResult
 from clawgym_env.errors import HarnessError
+from clawgym_env.grading.judge import Judge
 from clawgym_env.plugins import harnesses, make_harness
 from clawgym_env.policy.base import PolicyBackend, SamplingOverrides
 from clawgym_env.task import Task
@@ -143,7 +144,7 @@ class RolloutFleet:
     """
 
     def __init__(self, config: RolloutConfig, policy: PolicyBackend, *, sandbox: str = "bwrap",
-                 out_dir: str | Path | None = None, judge: Any = None) -> None:
+                 out_dir: str | Path | None = None, judge: Judge | None = None) -> None:
         self.config = config
         self.policy = policy
         self.sandbox = sandbox
@@ -237,7 +238,7 @@ def rollout_fleet(config: RolloutConfig, policy: PolicyBackend, **options: Any) 
 def run_jobs(runtime, jobs: Sequence[tuple[Task, str]], *, group_size: int = 1,
              sampling: SamplingOverrides | Mapping[str, Any] | None = None,
              policy_version: int | None = None, concurrency: int = 4, progress: Any = None,
-             adapters: dict[str, Any] | None = None, judge: Any = None,
+             adapters: dict[str, Any] | None = None, judge: Judge | None = None,
              fleet: RolloutFleet | None = None) -> list[EpisodeResult]:
     """Run ``group_size`` episodes of each ``(task, harness)`` job; results in job order.
 

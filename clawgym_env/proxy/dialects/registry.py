@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol, cast, get_args
 
 from clawgym_env.capture.records import Dialect
-from clawgym_env.plugins import dialects as dialect_registry
+from clawgym_env.proxy.dialects import dialects as dialect_registry
 
 if TYPE_CHECKING:
     from clawgym_env.proxy.sessions import TurnRequest, TurnResult
