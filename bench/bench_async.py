@@ -63,12 +63,13 @@ def run_mode(name: str, staleness: int, opts: argparse.Namespace, suite: Path, o
     from trainers.policy import PolicyConfig, TrainablePolicy
     from trainers.rollouts.ahead import AsyncConfig, RolloutAhead, StepBatch, jobs_for
     from trainers.rollouts.sync import run_jobs
+    from trainers.run_args import LogArgs
     from trainers.scale.weight_sync import InProcessSync
 
     torch.manual_seed(0)
     args = grpo.Args(out_dir=str(out), suite=str(suite), steps=opts.steps, groups_per_step=opts.groups,
                      group_size=opts.group_size, concurrency=opts.concurrency, max_tokens=opts.max_tokens,
-                     learning_rate=1e-3, update_epochs=opts.update_epochs, progress=False,
+                     learning_rate=1e-3, update_epochs=opts.update_epochs, log=LogArgs(progress=False),
                      policy=PolicyConfig(model="tiny", seed=1, tiny_hidden_size=opts.hidden, tiny_layers=opts.layers,
                                          tiny_intermediate=opts.hidden * 2))
     tasks = list(load_suite(args.suite).tasks)

@@ -360,8 +360,8 @@ def _e2e_config(tmp_path):
     return {"algo": "ppo", "out_dir": str(tmp_path / "run"), "steps": 2, "save_every": 1, "value_pretrain_steps": 1,
             "harnesses": {"mini": 1.0}, "tasks_per_step": 2, "samples_per_task": 1, "concurrency": 2,
             "max_tokens": 16, "policy": {"model": "tiny", "device": "cpu"}, "critic": "separate",
-            "learning_rate": 1e-4, "critic_learning_rate": 1e-3, "minibatches": 2, "plot": False,
-            "eval_suite": str(_one_task_suite(tmp_path)), "eval_every": 2}
+            "learning_rate": 1e-4, "critic_learning_rate": 1e-3, "minibatches": 2, "log": {"plot": False},
+            "eval": {"suite": str(_one_task_suite(tmp_path)), "every": 2}}
 
 
 def _one_task_suite(tmp_path):

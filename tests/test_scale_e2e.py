@@ -3,7 +3,7 @@ on 1 rank, ``clawgym export``, and ``clawgym eval --policy vllm:EXPORT``.
 
 Marked ``vllm`` (it starts real vLLM servers from the venv of ``scripts/vllm_env.sh``: one per training run and
 one for the evaluation), so it runs in the vLLM CI stage. The policy is a tiny random Qwen3 with head_dim 32
-(vLLM's CPU attention needs it) and its own output layer (untied, so ``generation.sync: auto`` updates the
+(vLLM's CPU attention needs it) and its own output layer (untied, so ``scale.generation.sync: auto`` updates the
 engine in place instead of restarting it).
 
 What it proves, beyond "it ran": after every update the engine samples from the trainer's new weights (the
@@ -42,19 +42,21 @@ learning_rate: 0.01
 max_context_tokens: 4096
 max_pack_tokens: 4096
 save_every: 1
-progress: false
-plot: false
+log:
+  progress: false
+  plot: false
 policy:
   model: tiny
   seed: 1
   tiny_heads: 2
   tiny_kv_heads: 1
   tiny_tie_embeddings: false
-generation:
-  backend: vllm
-  dtype: float32
-  enforce_eager: true
-  kv_cache_gib: 1
+scale:
+  generation:
+    backend: vllm
+    dtype: float32
+    enforce_eager: true
+    kv_cache_gib: 1
 """)
     return path
 

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from trainers.batch.logprobs import token_logprobs  # noqa: E402
 from trainers.policy import PolicyConfig, TrainablePolicy  # noqa: E402
+from trainers.run_args import LogArgs  # noqa: E402
 from trainers.sft import train as sft  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/install.sh)")
@@ -77,7 +78,7 @@ def test_sft_lowers_the_expert_nll_and_saves_a_servable_model(collected, suite, 
 
     before = nll()
     args = sft.Args(out_dir=str(tmp_path / "run"), suite=str(suite), steps=12, batch_episodes=3,
-                    learning_rate=1e-2, log_every=4, progress=False, policy=policy.config)
+                    learning_rate=1e-2, log_every=4, log=LogArgs(progress=False), policy=policy.config)
     summary = sft.train(args, policy=policy, episodes=episodes)
     after = nll()
     assert after < before / 3, (before, after)

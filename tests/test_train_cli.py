@@ -54,7 +54,8 @@ group_size: 3
 concurrency: 3
 max_tokens: 8
 learning_rate: 0.001
-progress: false
+log:
+  progress: false
 policy:
   model: tiny
   seed: 1
@@ -169,3 +170,38 @@ def test_config_validation_names_every_bad_key_and_runs_the_args_checks(tmp_path
     with pytest.raises(ConfigError, match="loss_norm"):
         validate(Args, {"loss_norm": "sum"})
     assert main(["train"]) == 2 and "--config FILE is required" in capsys.readouterr().err
+
+
+def test_a_key_that_moved_into_a_section_is_refused_with_its_new_place(tmp_path, capsys):
+    from trainers.config_doc import ConfigError, validate
+    from trainers.grpo.train import Args
+    from trainers.sft.train import Args as SFTArgs
+
+    for old, new in (("generation", "scale.generation"), ("dist", "scale.dist"), ("async", "scale.async"),
+                     ("rollout", "scale.rollout"), ("eval_every", "eval.every"), ("tensorboard", "log.tensorboard")):
+        with pytest.raises(ConfigError, match=f"`{old}` moved to `{new}`"):
+            validate(Args, {old: {} if "." not in new or new.startswith("scale") else 1})
+    with pytest.raises(ValueError, match="`progress` moved to `log.progress`"):  # a ConfigError is a ValueError
+        validate(SFTArgs, {"progress": False})
+    args = validate(Args, {"scale": {"async": {"max_staleness": 1}, "dist": {"backend": "gloo"}},
+                           "eval": {"every": 2}, "log": {"plot": False}})
+    assert (args.scale.async_.max_staleness, args.scale.dist.backend, args.eval.every, args.log.plot) == (1, "gloo",
+                                                                                                        2, False)
+    cfg = tmp_path / "old.yaml"
+    cfg.write_text("algo: grpo\nsteps: 1\n")
+    assert main(["train", "--config", str(cfg), "--set", "generation.replicas=2"]) == 2
+    assert "`generation` moved to `scale.generation`" in capsys.readouterr().err
+
+
+def test_grpo_top_level_fields_stay_few_and_scale_out_is_one_section():
+    import dataclasses
+
+    from trainers.grpo.train import Args
+    from trainers.ppo.train import Args as PPOArgs
+    from trainers.run_args import RLArgs, ScaleArgs
+
+    assert len(dataclasses.fields(Args)) <= 40
+    assert issubclass(Args, RLArgs) and issubclass(PPOArgs, RLArgs)
+    names = {f.name for f in dataclasses.fields(Args)}
+    assert not names & {"dist", "generation", "rollout", "async_"} and {f.name for f in dataclasses.fields(
+        ScaleArgs)} == {"dist", "generation", "rollout", "async_"}

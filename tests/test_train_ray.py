@@ -1,4 +1,4 @@
-"""``clawgym train`` with ``rollout.backend=ray``: GRPO whose episodes run on a 2-node local Ray cluster.
+"""``clawgym train`` with ``scale.rollout.backend=ray``: GRPO whose episodes run on a 2-node local Ray cluster.
 
 The trainer serves its in-process tiny Qwen3 over HTTP (``remote:http://IP:PORT`` in every rollout
 worker), the real mini harness runs in bubblewrap on the workers, and the call records come back
@@ -8,7 +8,7 @@ rewards and every step makes an update: the run must end at version 2 after 2 st
 What is checked: the run trains and writes its summary; each step's episodes ran on the fleet (both
 nodes), one result per requested episode; every call's recorded ``policy_version`` is the trainer's
 version when that step sampled (0, then 1), as the served policy reported it, and token-exact.
-Without Ray: the ``rollout`` section validates and documents itself for GRPO and PPO, and a step's
+Without Ray: the ``scale.rollout`` section validates and documents itself for GRPO and PPO, and a step's
 jobs through several harnesses come back from the fleet in job order, ``group_size`` per job.
 """
 
@@ -52,15 +52,18 @@ def test_rollout_section_validates_and_documents_itself():
     from trainers.rollouts.sync import RolloutConfig, rollout_fleet
 
     for algo in (grpo, ppo):
-        args = validate(algo.Args, {"rollout": {"backend": "ray", "ray_address": "auto", "max_attempts": 2}})
-        assert args.rollout == RolloutConfig(backend="ray", ray_address="auto", max_attempts=2)
-        assert algo.Args().rollout.backend == "threads"
+        args = validate(algo.Args, {"scale": {"rollout": {"backend": "ray", "ray_address": "auto",
+                                                          "max_attempts": 2}}})
+        assert args.scale.rollout == RolloutConfig(backend="ray", ray_address="auto", max_attempts=2)
+        assert algo.Args().scale.rollout.backend == "threads"
         text = describe(algo.Args)
-        assert "rollout.max_episodes_per_node: int = 4" in text and "(undocumented)" not in text
-        with pytest.raises(ConfigError, match="config.rollout.backend"):
-            validate(algo.Args, {"rollout": {"backend": "k8s"}})
+        assert "scale.rollout.max_episodes_per_node: int = 4" in text and "(undocumented)" not in text
+        with pytest.raises(ConfigError, match="config.scale.rollout.backend"):
+            validate(algo.Args, {"scale": {"rollout": {"backend": "k8s"}}})
         with pytest.raises(ConfigError, match="did you mean max_attempts"):
-            validate(algo.Args, {"rollout": {"max_attemps": 2}})
+            validate(algo.Args, {"scale": {"rollout": {"max_attemps": 2}}})
+        with pytest.raises(ConfigError, match="`rollout` moved to `scale.rollout`"):
+            validate(algo.Args, {"rollout": {"backend": "ray"}})
     with rollout_fleet(RolloutConfig(), policy=None) as fleet:  # type: ignore[arg-type]
         assert fleet is None  # threads: nothing is served, Ray is not touched
 
@@ -136,8 +139,9 @@ groups_per_step: 1
 group_size: 4
 max_tokens: 8
 learning_rate: 0.001
-progress: false
-plot: false
+log:
+  progress: false
+  plot: false
 policy:
   model: tiny
   seed: 1
@@ -151,9 +155,9 @@ policy:
         return results
 
     monkeypatch.setattr(grpo, "run_jobs", spy)
-    assert main(["train", "--config", str(cfg), "--set", "rollout.backend=ray",
-                 "--set", f"rollout.ray_address={cluster.address}",
-                 "--set", "rollout.max_episodes_per_node=2"]) == 0
+    assert main(["train", "--config", str(cfg), "--set", "scale.rollout.backend=ray",
+                 "--set", f"scale.rollout.ray_address={cluster.address}",
+                 "--set", "scale.rollout.max_episodes_per_node=2"]) == 0
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["algo"] == "grpo" and summary["version"] == 2, summary

@@ -318,6 +318,7 @@ print(1.0 if len(p.get("final_message") or "") % 2 == 0 else 0.0)'
 def test_one_grpo_step_through_mini_logs_the_clean_metrics(tmp_path, tokenizer):
     from trainers.grpo.train import Args, train
     from trainers.policy import PolicyConfig
+    from trainers.run_args import LogArgs
 
     d = tmp_path / "suite" / "parity_0"
     (d / "reward").mkdir(parents=True)
@@ -328,7 +329,8 @@ def test_one_grpo_step_through_mini_logs_the_clean_metrics(tmp_path, tokenizer):
     (d / "reward" / "reward.sh").write_text(REWARD_SH)
     out = tmp_path / "run"
     train(Args(out_dir=str(out), suite=str(tmp_path / "suite"), steps=1, groups_per_step=1, group_size=2,
-               concurrency=2, max_tokens=8, progress=False, plot=False, policy=PolicyConfig(model="tiny", seed=1)),
+               concurrency=2, max_tokens=8, log=LogArgs(progress=False, plot=False),
+               policy=PolicyConfig(model="tiny", seed=1)),
           echo=lambda *_: None)
     (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     keys = CleanStats().as_metrics().keys()

@@ -7,7 +7,11 @@
 * **Validation.** :func:`validate` builds the dataclass with pydantic (lax where YAML is loose: an
   int for a float; extra keys forbidden at every level), then runs the dataclass's own
   ``__post_init__`` checks. A failure is one :class:`ConfigError` naming every bad key as a dotted
-  path (``policy.lora_rank``), what was wrong, and close names for a misspelt key.
+  path (``policy.lora_rank``), what was wrong, and close names for a misspelt key; a key that moved into a
+  section (the class's ``MOVED_KEYS``, e.g. ``generation`` → ``scale.generation``) is named with its new place.
+  A key that is a Python keyword (``async:``) is the field of that name plus ``_`` (``async_``), at every level.
+* **Inheritance.** Fields an ``Args`` inherits (:mod:`trainers.run_args`) keep the docstring of the class that
+  declared them; a subclass restating a field only to change its default keeps that docstring.
 
 Invariant: :func:`undocumented` lists the fields without a docstring; the tests require it empty for
 every shipped algorithm, so a new field cannot land undocumented.
@@ -26,15 +30,23 @@ from typing import Any
 
 import pydantic
 
-from clawgym_env.errors import ClawGymError
+from clawgym_env.errors import ClawGymError, ConfigError
 
-
-class ConfigError(ClawGymError):
-    """A training config that cannot be turned into the algorithm's Args."""
+__all__ = ["ConfigError", "describe", "field_docs", "undocumented", "validate"]
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """``{field: docstring}`` of a dataclass, from the string literals under its fields in the source."""
+    """``{field: docstring}`` of a dataclass, from the string literals under its fields in the source of the class
+    and of its dataclass bases (the nearest class that documents a field wins)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is not object and dataclasses.is_dataclass(klass):
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
+    """The field docstrings written in the body of ``cls`` itself."""
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
@@ -87,7 +99,7 @@ def describe(cls: type, prefix: str = "") -> str:
     """Every field of ``cls`` as ``name: type = default`` plus its docstring, nested ones dotted."""
     docs, hints, lines = field_docs(cls), typing.get_type_hints(cls), []
     for f in dataclasses.fields(cls):
-        key = f.name[:-1] if f.name.endswith("_") and keyword.iskeyword(f.name[:-1]) else f.name  # async_: async
+        key = f.name[:-1] if _keyword_field(f.name) else f.name  # async_: async
         lines.append(f"{prefix}{key}: {_type_name(hints[f.name])} = {_default(f)!r}")
         for doc_line in (docs.get(f.name) or "(undocumented)").splitlines():
             lines.append(f"    {doc_line}")
@@ -118,21 +130,52 @@ def _names_at(cls: type, loc: tuple[Any, ...]) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
 
 
+def _keyword_field(name: object) -> bool:
+    """``async_``: the field of a config key that is a Python keyword."""
+    return isinstance(name, str) and name.endswith("_") and keyword.iskeyword(name[:-1])
+
+
+def keyword_keys(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with every key that is a Python keyword renamed to its field (``async`` → ``async_``), in ``cls``
+    and in its nested dataclass sections."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{key}_" if isinstance(key, str) and keyword.iskeyword(key) else key
+        sub = _nested(hints.get(name)) if isinstance(name, str) else None
+        out[name] = keyword_keys(sub, value) if sub is not None and isinstance(value, dict) else value
+    return out
+
+
+def moved_keys(cls: type, data: dict[str, Any]) -> list[str]:
+    """One line per top-level key of ``data`` that ``cls`` no longer has because it moved into a section."""
+    moved: dict[str, str] = getattr(cls, "MOVED_KEYS", {})
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return [f"`{key}` moved to `{moved[key]}`" for key in data if key in moved and key not in fields]
+
+
 def validate(cls: type, data: dict[str, Any], where: str = "config") -> Any:
-    """``cls(**data)`` validated by pydantic; a :class:`ConfigError` naming each bad key otherwise."""
+    """``cls(**data)`` validated by pydantic; a :class:`ConfigError` naming each bad key otherwise (a moved key
+    with its new place)."""
     _forbid_extra(cls)
+    moved = moved_keys(cls, data)
+    if moved:
+        raise ConfigError(f"{where}: " + "; ".join(moved))
+    data = keyword_keys(cls, data)
     try:
         return pydantic.TypeAdapter(cls).validate_python(data)
     except pydantic.ValidationError as exc:
         problems = []
         for err in exc.errors():
             loc = tuple(p for p in err["loc"] if p != cls.__name__)
-            key = ".".join(str(p) for p in (where, *loc))
+            key = ".".join(str(p)[:-1] if _keyword_field(p) else str(p) for p in (where, *loc))
             if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
                 names = _names_at(cls, loc[:-1])
                 close = difflib.get_close_matches(str(loc[-1]), names, n=3)
                 hint = f"; did you mean {', '.join(close)}?" if close else f" (fields: {', '.join(names)})"
                 problems.append(f"{key}: unknown key{hint}")
+            elif err["type"] == "value_error" and isinstance((err.get("ctx") or {}).get("error"), ClawGymError):
+                problems.append(f"{key}: {err['ctx']['error']}")  # a section's own check (ConfigError)
             else:
                 problems.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
         raise ConfigError("; ".join(problems)) from None

@@ -78,7 +78,7 @@ class PolicyConfig:
     """width of each expert's MLP in ``tiny-moe``"""
     tiny_tie_embeddings: bool = True
     """the tiny model's output layer shares the input embedding (as small Qwen3 checkpoints do); ``false`` gives it
-    its own copy, which vLLM can update in place (``generation.sync: auto`` restarts engines of tied models)"""
+    its own copy, which vLLM can update in place (``scale.generation.sync: auto`` restarts engines of tied models)"""
     seed: int = 0
     """seed of the tiny model's initial weights and of LoRA's initialisation"""
     dtype: str = "float32"

@@ -161,7 +161,7 @@ def run(cfg: Config, echo=print) -> dict[str, Any]:
     t0 = time.perf_counter()
     sft_args = sft.Args(out_dir=str(out / "sft"), seed=cfg.seed, suite=cfg.train_suite, harness=cfg.harness,
                         concurrency=cfg.concurrency, policy=pcfg, steps=cfg.sft_steps, batch_episodes=cfg.sft_batch,
-                        learning_rate=cfg.sft_lr, log_every=5, save_model=False, progress=True)
+                        learning_rate=cfg.sft_lr, log_every=5, save_model=False)
     episodes, counts = sft.collect_expert(sft_args)
     times["expert_s"] = time.perf_counter() - t0
     echo(f"[quickstart] expert through {cfg.harness}: kept {counts.kept}/{counts.episodes} episodes "
@@ -180,7 +180,7 @@ def run(cfg: Config, echo=print) -> dict[str, Any]:
                         save_every=cfg.rl_steps, suite=cfg.train_suite, harnesses={cfg.harness: 1.0},
                         groups_per_step=cfg.rl_groups, group_size=cfg.rl_group_size, concurrency=cfg.concurrency,
                         temperature=cfg.temperature, max_tokens=cfg.max_tokens, policy=pcfg, learning_rate=cfg.rl_lr,
-                        update_epochs=cfg.rl_epochs, progress=True)
+                        update_epochs=cfg.rl_epochs)
     rl_summary = grpo.train(rl_args, policy=policy)
     times["rl_s"] = time.perf_counter() - t0
     echo(f"[quickstart] GRPO: {cfg.rl_steps} steps x {cfg.rl_groups} groups x {cfg.rl_group_size} rollouts, "

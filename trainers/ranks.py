@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError, PolicyError
 from trainers.policy import PolicyConfig, TrainablePolicy
 from trainers.rollouts.generation import GenerationConfig, open_generation
 from trainers.rollouts.sync import RolloutConfig, rollout_fleet
@@ -27,9 +27,9 @@ from trainers.scale.weight_sync import GatherOnlySync, InProcessSync
 def check_context(max_context_tokens: int, max_pack_tokens: int | None) -> None:
     """One call may fill ``max_context_tokens``: a pack limit below it could not hold such a call's tree."""
     if max_context_tokens <= 0:
-        raise PolicyError(f"max_context_tokens must be positive, got {max_context_tokens}")
+        raise ConfigError(f"max_context_tokens must be positive, got {max_context_tokens}")
     if max_pack_tokens is not None and max_pack_tokens < max_context_tokens:
-        raise PolicyError(f"max_pack_tokens ({max_pack_tokens}) is smaller than max_context_tokens "
+        raise ConfigError(f"max_pack_tokens ({max_pack_tokens}) is smaller than max_context_tokens "
                           f"({max_context_tokens}); raise max_pack_tokens or lower max_context_tokens")
 
 
@@ -41,7 +41,7 @@ class RankSetup:
     policy: TrainablePolicy
     sync: Any
     """this rank's weight sync: rank 0's :class:`InProcessSync` (or, inside :func:`generation_services`, the
-    sync of ``generation:``: vLLM engines), a gather-only sync on the other ranks; ``push`` on every rank"""
+    sync of ``scale.generation:``: vLLM engines), a gather-only sync on the other ranks; ``push`` on every rank"""
 
     @property
     def serving(self) -> Any:
@@ -92,7 +92,7 @@ def rollout_services(setup: RankSetup, *, rollout: RolloutConfig, sandbox: str, 
 @contextlib.contextmanager
 def generation_services(setup: RankSetup, config: GenerationConfig, out_dir: Path, *,
                         max_context_tokens: int, version: int = 0) -> Iterator[Any]:
-    """Serve the policy per ``generation:`` for the run (every rank enters; see
+    """Serve the policy per ``scale.generation:`` for the run (every rank enters; see
     :func:`trainers.rollouts.generation.open_generation`): ``setup.sync`` becomes its sync while inside (vLLM engines
     are stopped on exit, also on error); with ``backend: transformers`` rank 0's in-process copy is kept.
     ``version`` > 0 (a resumed run): the policy's weights are served under it before anything samples."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import keyword
 import os
 import subprocess
 import sys
@@ -100,7 +99,7 @@ def available_algorithms() -> list[str]:
 
 def args_from_config(data: dict[str, Any]) -> tuple[Any, Any]:
     """(algorithm module, its Args) from a config mapping."""
-    data = {f"{k}_" if keyword.iskeyword(str(k)) else k: v for k, v in data.items()}  # async: → the field async_
+    data = dict(data)
     name = str(data.pop("algo", "grpo"))
     module = algorithm(name)
     return module, validate(module.Args, data)
@@ -132,6 +131,7 @@ def run(config: str | Path | dict[str, Any], overrides: list[str] | None = None,
     even when ``out_dir`` holds a checkpoint (for algorithms that resume)."""
     data = load_config(config) if not isinstance(config, dict) else dict(config)
     data = apply_overrides(data, list(overrides or []))
+    algo = str(data.get("algo", "grpo"))
     module, args = args_from_config(data)
     if resume is not None and hasattr(args, "resume"):
         args.resume = resume
@@ -139,7 +139,7 @@ def run(config: str | Path | dict[str, Any], overrides: list[str] | None = None,
     out.mkdir(parents=True, exist_ok=True)
     main_rank = launched_rank() == 0
     if main_rank:
-        (out / "config.json").write_text(json.dumps({"algo": module.__name__.rsplit(".", 1)[-1],
+        (out / "config.json").write_text(json.dumps({"algo": algo,
                                                      **dataclasses.asdict(args)}, indent=2))
     t0 = time.perf_counter()
     summary = module.train(args)

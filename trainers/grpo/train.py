@@ -51,20 +51,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from clawgym_env.errors import PolicyError
-from trainers.batch.clean import CleanConfig
+from clawgym_env.errors import ConfigError
 from trainers.batch.pack_parts import pack_stats
 from trainers.batch.tree_batch import LOSS_NORMS, OVERLONG_MODES, group_summary, make_groups, pack_groups
 from trainers.grpo.update import grpo_loss, grpo_update, score_pack
 from trainers.metrics import MetricsLogger, MetricsRow, MetricValue, plot_curves, rollout_metrics
-from trainers.policy import PolicyConfig, TrainablePolicy
+from trainers.policy import TrainablePolicy
 from trainers.ranks import check_context, generation_services, rollout_services, setup_policy
-from trainers.rollouts.ahead import AsyncConfig, RolloutAhead, StepBatch, jobs_for
+from trainers.rollouts.ahead import RolloutAhead, StepBatch, jobs_for
+from trainers.rollouts.draw import draw_jobs as draw_step_jobs
 from trainers.rollouts.evaluation import eval_harnesses, evaluate_harnesses
-from trainers.rollouts.generation import GenerationConfig
-from trainers.rollouts.sync import RolloutConfig, fleet_metrics, harness_plan, judge_for, run_jobs
+from trainers.rollouts.sync import fleet_metrics, judge_for, run_jobs
+from trainers.run_args import RLArgs
 from trainers.scale.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from trainers.scale.fsdp import DistConfig, broadcast_object
+from trainers.scale.fsdp import broadcast_object
 from trainers.summary import TrainSummary
 
 __all__ = ["Args", "collect_groups", "draw_jobs", "grpo_loss", "grpo_update", "resume", "train"]
@@ -72,67 +72,17 @@ _score = score_pack  # the name earlier code and tests use
 
 
 @dataclasses.dataclass
-class Args:
-    """Every setting of a GRPO run (``clawgym train --help-config grpo`` lists them)."""
+class Args(RLArgs):
+    """Every setting of a GRPO run (``clawgym train --help-config grpo`` lists them): the shared ones of
+    :class:`~trainers.run_args.RLArgs`, then GRPO's groups, advantages and loss normalisation."""
     out_dir: str = "runs/grpo"
-    """folder of the run: metrics.jsonl, checkpoints/, episodes/, config.json, summary.json"""
-    seed: int = 0
-    """seed of Python, NumPy and torch, and of every step's task draw (a resumed run draws what the uninterrupted one
-    would)"""
     steps: int = 10
-    """number of iterations (each: rollouts, then an update)"""
-    resume: bool = True
-    """continue from ``out_dir``'s latest checkpoint when there is one"""
     save_every: int = 1
-    """write a checkpoint every this many steps (and after the last one)"""
-    keep_checkpoints: int = 2
-    """keep only this many newest checkpoints"""
-    # tasks and harnesses
-    suite: str = "builtin"
-    """train suite: a bundled suite name (``builtin``) or a folder of ClawGym task dirs"""
-    harnesses: dict[str, float] = dataclasses.field(default_factory=lambda: {"mini": 1.0})
-    """harnesses to roll out through, with ratios: each step's groups/tasks are split between them (mix-harness),
-    e.g. ``{mini: 1, claude-code: 1}``"""
+    max_tokens: int = 512
     groups_per_step: int = 4
     """(task, harness) groups per step, drawn from the suite without replacement"""
     group_size: int = 4
     """G: rollouts per group; each episode's advantage is its reward against the group's"""
-    sandbox: str = "bwrap"
-    """sandbox backend of every episode: ``bwrap`` or ``docker``"""
-    concurrency: int = 4
-    """episodes run at once (one sandbox each) on threads (the ``threads`` rollout backend, and evaluation)"""
-    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
-    """where the rollouts run: this process's threads or a Ray cluster (see the ``rollout.*`` fields)"""
-    temperature: float = 1.0
-    """sampling temperature of the rollouts; the trainer scores tokens at the same temperature"""
-    top_p: float = 1.0
-    """nucleus sampling of the rollouts; keep 1.0: the trainer does not reproduce top-p truncation"""
-    max_tokens: int = 512
-    """cap on the tokens one model call may sample (overrides the harness's own value)"""
-    pass_threshold: float = 1.0
-    """an episode whose reward reaches this counts as passed in the metrics"""
-    # policy and optimisation
-    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
-    """the model to train (see the ``policy.*`` fields)"""
-    learning_rate: float = 1e-5
-    """AdamW learning rate of the policy"""
-    weight_decay: float = 0.0
-    """AdamW weight decay"""
-    max_grad_norm: float = 1.0
-    """gradients are clipped to this global norm before each optimiser step"""
-    update_epochs: int = 1
-    """passes over one step's batch (> 1 moves the ratio away from 1, so clipping matters)"""
-    minibatches: int = 1
-    """optimiser steps per epoch: the step's packs are split into this many minibatches"""
-    clip_eps: float = 0.2
-    """PPO clip range: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]"""
-    clip_eps_high: float | None = None
-    """upper clip (DAPO's clip-higher); ``None``: ``clip_eps``"""
-    is_clip: float = 2.0
-    """cap of the truncated importance weight exp(logp_old - logp_rollout) against the serving policy's recorded
-    logprobs"""
-    kl_coef: float = 0.0
-    """weight of the k3 KL penalty to the reference (the initial weights); 0: none and no reference kept"""
     normalize_std: bool = True
     """divide advantages by the group's reward standard deviation (Dr. GRPO argues for off)"""
     loss_norm: str = "episode"
@@ -153,65 +103,22 @@ class Args:
     refill_groups: int = 0
     """dynamic sampling (DAPO): up to this many extra groups per step are drawn and rolled out while fewer
     than ``groups_per_step`` groups can train (constant reward, all infrastructure failures, ...); 0: off"""
-    clean: CleanConfig = dataclasses.field(default_factory=CleanConfig)
-    """which calls of a rollout are trained, before the advantages: call kinds, dead retries, ``max_leaves``
-    (see the ``clean.*`` fields; counted in the ``clean/...`` metrics)"""
-    max_pack_tokens: int | None = 32768
-    """at most this many tokens per packed forward: small groups' trees share a pack, a larger tree is split into
-    sub-packs (shared prefixes recomputed, every token's loss counted once: the same loss and gradients); at least
-    ``max_context_tokens``; ``None``: one group (tree) per pack, however large"""
-    max_context_tokens: int = 32768
-    """context limit of one model call at the serving proxy (prompt + sampled tokens); ``max_pack_tokens``, when
-    set, must be at least this"""
-    dist: DistConfig = dataclasses.field(default_factory=DistConfig)
-    """data parallelism under ``torchrun --nproc-per-node N`` (see the ``dist.*`` fields)"""
-    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
-    """where the rollouts are sampled: an in-process copy of the policy (``transformers``, default) or vLLM
-    engines synced after every update (``vllm``; see the ``generation.*`` fields)"""
-    async_: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
-    """``async:`` in a config: ``max_staleness`` > 0 collects the next steps' rollouts while this one trains,
-    off-policy by at most that many versions (see the ``async.*`` fields)"""
-    chunk_size: int = 1024
-    """LM-head rows computed at once when scoring (memory vs speed with the 151k vocabulary)"""
-    # evaluation and logging
-    eval_suite: str | None = None
-    """held-out suite evaluated in the loop (``None``: no in-loop evaluation)"""
-    eval_every: int = 0
-    """evaluate every this many steps and after the last one (0: never)"""
-    eval_samples: int = 1
-    """episodes per held-out task and harness"""
-    eval_harness: str | None = None
-    """harness of the in-loop evaluation; ``None``: every harness of ``harnesses`` (metrics per harness)"""
-    tensorboard: bool = False
-    """also write TensorBoard event files into ``out_dir``"""
-    plot: bool = True
-    """draw ``curves.png`` from the metrics at the end"""
-    progress: bool = True
-    """show a progress bar"""
 
     def __post_init__(self) -> None:
         if self.loss_norm not in LOSS_NORMS:
-            raise PolicyError(f"loss_norm must be one of {LOSS_NORMS}, got {self.loss_norm!r}")
+            raise ConfigError(f"loss_norm must be one of {LOSS_NORMS}, got {self.loss_norm!r}")
         if self.overlong not in OVERLONG_MODES:
-            raise PolicyError(f"overlong must be one of {OVERLONG_MODES}, got {self.overlong!r}")
+            raise ConfigError(f"overlong must be one of {OVERLONG_MODES}, got {self.overlong!r}")
         if self.refill_groups < 0 or (self.loss_norm_constant is not None and self.loss_norm_constant <= 0):
-            raise PolicyError("refill_groups must be >= 0 and loss_norm_constant > 0 when set")
+            raise ConfigError("refill_groups must be >= 0 and loss_norm_constant > 0 when set")
         check_context(self.max_context_tokens, self.max_pack_tokens)
 
 
 def draw_jobs(args: Args, tasks: list, step: int, groups: int | None = None, refill: int = 0) -> list[tuple[Any, str]]:
-    """(task, harness) jobs of a step: a seeded draw per step (and per refill round), without replacement
-    within a draw; ``groups`` defaults to ``groups_per_step``."""
-    seed = args.seed * 1_000_003 + step
-    rng = random.Random(seed if refill == 0 else seed * 1_009 + refill)
-    plan = harness_plan(args.harnesses, args.groups_per_step if groups is None else groups)
-    jobs = []
-    for harness, n in sorted(plan.items()):
-        picks: list[Any] = []
-        while len(picks) < n:
-            picks += rng.sample(tasks, min(len(tasks), n - len(picks)))
-        jobs += [(t, harness) for t in picks]
-    return jobs
+    """(task, harness) jobs of a step (:func:`trainers.rollouts.draw.draw_jobs`); ``groups`` defaults to
+    ``groups_per_step``, ``refill`` numbers the dynamic-sampling rounds of a step."""
+    return draw_step_jobs(tasks, step, harnesses=args.harnesses, seed=args.seed, refill=refill,
+                          n=args.groups_per_step if groups is None else groups)
 
 
 def collect_groups(args: Args, tasks: list, step: int, run) -> tuple[list[Any], list[Any], dict[str, int]]:
@@ -276,18 +183,19 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    ranks = setup_policy(args.policy, args.dist, policy, reference=args.kl_coef > 0,
-                         serve_in_process=args.generation.backend == "transformers")
+    scale = args.scale
+    ranks = setup_policy(args.policy, scale.dist, policy, reference=args.kl_coef > 0,
+                         serve_in_process=scale.generation.backend == "transformers")
     main, policy = ranks.info.is_main, ranks.policy
     say = echo if main else (lambda *_: None)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
     start, version = resume(args, policy, optimizer, out, say, reference_taken=True)
     tasks = list(load_suite(args.suite).tasks) if main else []
-    eval_tasks = list(load_suite(args.eval_suite).tasks) if args.eval_suite and main else []
-    metrics = MetricsLogger(out, tensorboard=args.tensorboard, start_step=start) if main else None
-    sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
+    eval_tasks = list(load_suite(args.eval.suite).tasks) if args.eval.suite and main else []
+    metrics = MetricsLogger(out, tensorboard=args.log.tensorboard, start_step=start) if main else None
+    sampling = args.sampling()
     bar = None
-    if args.progress and start <= args.steps and main:
+    if args.log.progress and start <= args.steps and main:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=args.steps, initial=start - 1, desc="grpo", unit="step")
@@ -296,15 +204,15 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
 
     def run(jobs):  # async: no version given, every call records the serving version that sampled it
         return run_jobs(rt, jobs, group_size=args.group_size, sampling=sampling, concurrency=args.concurrency,
-                        fleet=fleet, policy_version=None if args.async_.max_staleness else version)
+                        fleet=fleet, policy_version=None if scale.async_.max_staleness else version)
 
     regroup = functools.partial(make_groups, normalize_std=args.normalize_std, overlong=args.overlong,
                                 overlong_penalty=args.overlong_penalty, clean=args.clean)
-    ahead = RolloutAhead(lambda n: StepBatch(n, *collect_groups(args, tasks, n, run)), args.async_, start=start,
+    ahead = RolloutAhead(lambda n: StepBatch(n, *collect_groups(args, tasks, n, run)), scale.async_, start=start,
                          stop=args.steps, regroup=regroup, rerun=lambda keys: run(jobs_for(keys, tasks)))
-    with generation_services(ranks, args.generation, out, max_context_tokens=args.max_context_tokens,
+    with generation_services(ranks, scale.generation, out, max_context_tokens=args.max_context_tokens,
                             version=version), \
-            rollout_services(ranks, rollout=args.rollout, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge,
+            rollout_services(ranks, rollout=scale.rollout, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge,
                           max_context_tokens=args.max_context_tokens) as (rt, fleet), \
             ahead if main else contextlib.nullcontext():
         for step in range(start, args.steps + 1):
@@ -319,8 +227,8 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
                 row["rollout_tokens_per_s"] = _number(row["sampled_tokens"]) / rollout_s if rollout_s > 0 else None
                 row.update(group_summary(groups), **batch.stats)
                 row.update(fleet_metrics(fleet))  # per-node / per-harness counts of the Ray fleet ({} on threads)
-                if batch.metrics is not None and args.async_.max_staleness:
-                    row.update(batch.metrics.row(args.async_.max_staleness))
+                if batch.metrics is not None and scale.async_.max_staleness:
+                    row.update(batch.metrics.row(scale.async_.max_staleness))
             if ranks.info.distributed:
                 groups = broadcast_object(_slim(groups) if main else [])
             packs = pack_groups(groups, max_tokens=args.max_pack_tokens, device=policy.device,
@@ -332,9 +240,9 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
                 version += 1
                 ranks.sync.push(policy, version)
             row["version"] = version
-            if main and eval_tasks and args.eval_every and (step % args.eval_every == 0 or step == args.steps):
-                row.update(evaluate_harnesses(rt, eval_tasks, eval_harnesses(args.eval_harness, args.harnesses),
-                                              samples=args.eval_samples, sampling=sampling,
+            if main and eval_tasks and args.eval.every and (step % args.eval.every == 0 or step == args.steps):
+                row.update(evaluate_harnesses(rt, eval_tasks, eval_harnesses(args.eval.harness, args.harnesses),
+                                              samples=args.eval.samples, sampling=sampling,
                                               concurrency=args.concurrency, pass_threshold=args.pass_threshold))
             if main:
                 row.update(ranks.sync.step_metrics())  # weight-sync timings, prefix-cache hit rates
@@ -352,7 +260,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
         bar.close()
     if metrics is not None:
         metrics.close()
-    curves = plot_curves(metrics.path, out) if args.plot and metrics is not None else None
+    curves = plot_curves(metrics.path, out) if args.log.plot and metrics is not None else None
     ckpt = latest_checkpoint(out)
     summary = TrainSummary(algo="grpo", out_dir=str(out), steps=args.steps, metrics=str(out / "metrics.jsonl"),
                            last=last, version=version, checkpoint=str(ckpt) if ckpt else None,

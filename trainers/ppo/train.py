@@ -61,20 +61,20 @@ from typing import Any
 
 import torch
 
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError
 from trainers.batch.clean import CleanConfig, CleanStats, clean_rollouts
 from trainers.batch.pack_parts import pack_stats
 from trainers.batch.tree_batch import as_episode, rollout_packs
 from trainers.metrics import MetricsRow
-from trainers.policy import PolicyConfig, TrainablePolicy
+from trainers.policy import TrainablePolicy
 from trainers.ppo.targets import PackTargets, add_reference, forward_pack, gae_targets, loss_weights, prepare
 from trainers.ppo.update import batch_metrics, ppo_loss, update
 from trainers.ppo.value import ActorCritic, Critic
 from trainers.ranks import check_context, generation_services, rollout_services, setup_policy
-from trainers.rollouts.ahead import AsyncConfig, RolloutAhead, StepBatch, jobs_for
-from trainers.rollouts.generation import GenerationConfig
-from trainers.rollouts.sync import RolloutConfig
-from trainers.scale.fsdp import DistConfig, broadcast_object, shard_model
+from trainers.rollouts.ahead import RolloutAhead, StepBatch, jobs_for
+from trainers.rollouts.draw import draw_jobs as draw_step_jobs
+from trainers.run_args import RLArgs
+from trainers.scale.fsdp import broadcast_object, shard_model
 from trainers.summary import TrainSummary
 
 __all__ = ["Args", "PackTargets", "add_reference", "batch_metrics", "clean_trees", "draw_jobs", "episode_trees",
@@ -83,48 +83,16 @@ __all__ = ["Args", "PackTargets", "add_reference", "batch_metrics", "clean_trees
 
 
 @dataclasses.dataclass
-class Args:
-    """Every setting of a PPO run (``clawgym train --help-config ppo`` lists them)."""
+class Args(RLArgs):
+    """Every setting of a PPO run (``clawgym train --help-config ppo`` lists them): the shared ones of
+    :class:`~trainers.run_args.RLArgs`, then PPO's tasks per step, critic, GAE and value loss."""
     out_dir: str = "runs/ppo"
-    """folder of the run: metrics.jsonl, checkpoints/, episodes/, config.json, summary.json"""
-    seed: int = 0
-    """seed of Python, NumPy and torch, and of every step's task draw (a resumed run draws what the uninterrupted one
-    would)"""
-    steps: int = 100
-    """number of iterations (each: rollouts, then an update)"""
-    resume: bool = True
-    """continue from ``out_dir``'s latest checkpoint when there is one"""
-    save_every: int = 10
-    """write a checkpoint every this many steps (and after the last one)"""
-    keep_checkpoints: int = 2
-    """keep only this many newest checkpoints"""
-    # tasks and harnesses (ratios split each step's tasks between harnesses)
-    suite: str = "builtin"
-    """train suite: a bundled suite name (``builtin``) or a folder of ClawGym task dirs"""
-    harnesses: dict[str, float] = dataclasses.field(default_factory=lambda: {"mini": 1.0})
-    """harnesses to roll out through, with ratios: each step's groups/tasks are split between them (mix-harness),
-    e.g. ``{mini: 1, claude-code: 1}``"""
+    learning_rate: float = 1e-6
+    minibatches: int = 4
     tasks_per_step: int = 256
     """tasks per step (the paper: 256), split between the harnesses by ratio"""
     samples_per_task: int = 1
     """rollouts per task (the paper: 1); one call tree per episode"""
-    sandbox: str = "bwrap"
-    """sandbox backend of every episode: ``bwrap`` or ``docker``"""
-    concurrency: int = 4
-    """episodes run at once (one sandbox each) on threads (the ``threads`` rollout backend, and evaluation)"""
-    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
-    """where the rollouts run: this process's threads or a Ray cluster (see the ``rollout.*`` fields)"""
-    temperature: float = 1.0
-    """sampling temperature of the rollouts; the trainer scores tokens at the same temperature"""
-    top_p: float = 1.0
-    """nucleus sampling of the rollouts; keep 1.0: the trainer does not reproduce top-p truncation"""
-    max_tokens: int = 1024
-    """cap on the tokens one model call may sample (overrides the harness's own value)"""
-    pass_threshold: float = 1.0
-    """an episode whose reward reaches this counts as passed in the metrics"""
-    # policy, critic and optimisation
-    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
-    """the model to train (see the ``policy.*`` fields)"""
     critic: str = "separate"
     """``separate``: the critic has its own trunk (a copy of the policy's, or ``value_model``); ``shared``: a value
     head on the policy's trunk"""
@@ -132,101 +100,39 @@ class Args:
     """separate critic: start its trunk from this model directory instead of the policy"""
     value_head_init_std: float | None = None
     """standard deviation of the value head's initial weights (``None``: 1 / hidden size)"""
-    learning_rate: float = 1e-6
-    """AdamW learning rate of the policy"""
     critic_learning_rate: float = 1e-5
     """AdamW learning rate of the critic"""
-    weight_decay: float = 0.0
-    """AdamW weight decay"""
-    max_grad_norm: float = 1.0
-    """gradients are clipped to this global norm before each optimiser step"""
     value_pretrain_steps: int = 0
     """the first this many steps train only the critic (the policy is frozen and not synced)"""
-    update_epochs: int = 1
-    """passes over one step's batch (> 1 moves the ratio away from 1, so clipping matters)"""
-    minibatches: int = 4
-    """optimiser steps per epoch: the step's packs are split into this many minibatches"""
-    max_pack_tokens: int | None = 32768
-    """pack several trees into one sequence up to this many tokens"""
-    max_context_tokens: int = 32768
-    """context limit of one model call at the serving proxy (prompt + sampled tokens); ``max_pack_tokens``, when
-    set, must be at least this"""
-    dist: DistConfig = dataclasses.field(default_factory=DistConfig)
-    """data parallelism under ``torchrun --nproc-per-node N`` (see the ``dist.*`` fields)"""
-    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
-    """where the rollouts are sampled: an in-process copy of the policy (``transformers``, default) or vLLM
-    engines synced after every update (``vllm``; see the ``generation.*`` fields)"""
-    async_: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
-    """``async:`` in a config: ``max_staleness`` > 0 collects the next steps' rollouts while this one trains,
-    off-policy by at most that many versions (see the ``async.*`` fields)"""
-    chunk_size: int = 1024
-    """LM-head rows computed at once when scoring (memory vs speed with the 151k vocabulary)"""
     gamma: float = 1.0
     """GAE discount over sampled tokens along each root-to-leaf path"""
     lam: float = 1.0
     """GAE lambda"""
-    clip_eps: float = 0.2
-    """PPO clip range: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]"""
-    clip_eps_high: float | None = None
-    """upper clip (DAPO's clip-higher); ``None``: ``clip_eps``"""
-    is_clip: float = 2.0
-    """cap of the truncated importance weight exp(logp_old - logp_rollout) against the serving policy's recorded
-    logprobs"""
     vf_coef: float = 0.5
     """weight of the value loss"""
     vf_clip: float = 0.2
     """value clipping around the old value (0: plain squared error)"""
     ent_coef: float = 0.0
     """weight of the entropy bonus (0: none, and no entropy computed)"""
-    kl_coef: float = 0.0
-    """weight of the k3 KL penalty to the reference (the initial weights); 0: none and no reference kept"""
     normalize_advantages: bool = False
     """normalise the advantages of the step's trained tokens to mean 0, std 1"""
     loss_norm: str = "tree"
     """``tree``: each episode's loss is the mean over its own distinct trained tokens, episodes averaged; ``token``:
     one mean over the per-rollout token terms of the minibatch"""
-    clean: CleanConfig = dataclasses.field(default_factory=CleanConfig)
-    """which calls of a rollout are trained: call kinds, dead retries, ``max_leaves`` (see the ``clean.*`` fields;
-    counted in the ``clean/...`` metrics)"""
-    # evaluation and logging
-    eval_suite: str | None = None
-    """held-out suite evaluated in the loop (``None``: no in-loop evaluation)"""
-    eval_every: int = 0
-    """evaluate every this many steps and after the last one (0: never)"""
-    eval_samples: int = 1
-    """episodes per held-out task and harness"""
-    eval_harness: str | None = None
-    """harness of the in-loop evaluation; ``None``: every harness of ``harnesses`` (metrics per harness)"""
-    plot: bool = True
-    """draw ``curves.png`` from the metrics at the end"""
 
     def __post_init__(self) -> None:
         if self.loss_norm not in ("tree", "token") or self.critic not in ("shared", "separate"):
-            raise PolicyError(f"loss_norm must be tree|token and critic shared|separate, got {self.loss_norm!r}, "
+            raise ConfigError(f"loss_norm must be tree|token and critic shared|separate, got {self.loss_norm!r}, "
                               f"{self.critic!r}")
         if self.clip_eps < 0 or (self.clip_eps_high or 0) < 0 or self.is_clip <= 0 or self.vf_clip < 0:
-            raise PolicyError("clip_eps, clip_eps_high and vf_clip must be >= 0 and is_clip > 0")
+            raise ConfigError("clip_eps, clip_eps_high and vf_clip must be >= 0 and is_clip > 0")
         check_context(self.max_context_tokens, self.max_pack_tokens)
-
-    @property
-    def clip_high(self) -> float:
-        """The upper clip range: ``clip_eps_high``, or ``clip_eps`` when unset."""
-        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
 
 
 # ---- the loop --------------------------------------------------------------------------------------
 def draw_jobs(args: Args, tasks: list, step: int) -> list[tuple[Any, str]]:
-    """(task, harness) jobs of a step: a seeded draw per step, harnesses by ratio (no repeats within one)."""
-    from trainers.rollouts.sync import harness_plan
-
-    rng = random.Random(args.seed * 1_000_003 + step)
-    jobs = []
-    for harness, n in sorted(harness_plan(args.harnesses, args.tasks_per_step).items()):
-        picks: list = []
-        while len(picks) < n:
-            picks += rng.sample(tasks, min(len(tasks), n - len(picks)))
-        jobs += [(t, harness) for t in picks]
-    return jobs
+    """(task, harness) jobs of a step: ``tasks_per_step`` tasks (:func:`trainers.rollouts.draw.draw_jobs`)."""
+    return draw_step_jobs(tasks, step, harnesses=args.harnesses, n=args.tasks_per_step, seed=args.seed)
 
 
 def clean_trees(results, clean: CleanConfig | None = None) -> tuple[list[Any], CleanStats]:
@@ -261,14 +167,15 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
     torch.manual_seed(args.seed)
     # the reference (initial weights, also when resuming), the serving copy and the critic's copy of the policy
     # are taken from the unsharded module
-    ranks = setup_policy(args.policy, args.dist, policy, reference=args.kl_coef > 0, name="ppo", shard=False,
-                         serve_in_process=args.generation.backend == "transformers")
+    scale = args.scale
+    ranks = setup_policy(args.policy, scale.dist, policy, reference=args.kl_coef > 0, name="ppo", shard=False,
+                         serve_in_process=scale.generation.backend == "transformers")
     main, policy = ranks.info.is_main, ranks.policy
     say = echo if main else (lambda *_: None)
     critic = Critic.for_policy(policy, args.critic, args.value_model, args.value_head_init_std, args.seed)
-    shard_policy(policy, args.dist)
-    shard_model(critic, mixed_precision=args.dist.mixed_precision,
-                reshard_after_forward=args.dist.reshard_after_forward)
+    shard_policy(policy, scale.dist)
+    shard_model(critic, mixed_precision=scale.dist.mixed_precision,
+                reshard_after_forward=scale.dist.reshard_after_forward)
     optimizer = torch.optim.AdamW([{"params": policy.trainable_parameters(), "lr": args.learning_rate},
                                    {"params": [p for p in critic.parameters() if p.requires_grad],
                                     "lr": args.critic_learning_rate}], weight_decay=args.weight_decay)
@@ -279,22 +186,22 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
         start, version = loaded["step"] + 1, loaded["version"]
         say(f"resumed from {loaded['path']} (step {loaded['step']}, version {version})")
     tasks = list(load_suite(args.suite).tasks) if main else []
-    eval_tasks = list(load_suite(args.eval_suite).tasks) if args.eval_suite and main else []
-    metrics = MetricsLogger(out, start_step=start) if main else None
-    sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
+    eval_tasks = list(load_suite(args.eval.suite).tasks) if args.eval.suite and main else []
+    metrics = MetricsLogger(out, tensorboard=args.log.tensorboard, start_step=start) if main else None
+    sampling = args.sampling()
     last: MetricsRow = {}
     judge = judge_for(tasks + eval_tasks)
     ref_root = policy.module if policy.lora else None  # LoRA's reference is the policy with adapters off
 
     def run(jobs):  # async: no version given, every call records the serving version that sampled it
         return run_jobs(rt, jobs, group_size=args.samples_per_task, sampling=sampling, concurrency=args.concurrency,
-                        fleet=fleet, policy_version=None if args.async_.max_staleness else version)
+                        fleet=fleet, policy_version=None if scale.async_.max_staleness else version)
 
-    ahead = RolloutAhead(lambda n: StepBatch(n, run(draw_jobs(args, tasks, n)), []), args.async_, start=start,
+    ahead = RolloutAhead(lambda n: StepBatch(n, run(draw_jobs(args, tasks, n)), []), scale.async_, start=start,
                          stop=args.steps, rerun=lambda keys: run(jobs_for(keys, tasks)))
-    with generation_services(ranks, args.generation, out, max_context_tokens=args.max_context_tokens,
+    with generation_services(ranks, scale.generation, out, max_context_tokens=args.max_context_tokens,
                             version=version), \
-            rollout_services(ranks, rollout=args.rollout, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge,
+            rollout_services(ranks, rollout=scale.rollout, sandbox=args.sandbox, out_dir=out / "episodes", judge=judge,
                           max_context_tokens=args.max_context_tokens) as (rt, fleet), \
             ahead if main else contextlib.nullcontext():
         for step in range(start, args.steps + 1):
@@ -306,8 +213,8 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
                 results = batch.results
                 row = {**rollout_metrics(results, args.pass_threshold), "rollout_s": batch.rollout_s}
                 row.update(fleet_metrics(fleet))  # the Ray fleet's counts ({} on threads)
-                if batch.metrics is not None and args.async_.max_staleness:
-                    row.update(batch.metrics.row(args.async_.max_staleness))
+                if batch.metrics is not None and scale.async_.max_staleness:
+                    row.update(batch.metrics.row(scale.async_.max_staleness))
                 trees, cleaned = clean_trees(results, args.clean)
                 row.update(cleaned.as_metrics())
             trees = broadcast_object(trees)
@@ -332,9 +239,9 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
             row.update(batch_metrics(targets, args.is_clip), **stats, trees=len(trees), packs=len(packs),
                        phase="value_pretrain" if pretrain else "ppo", version=version,
                        train_s=time.perf_counter() - t1)
-            if main and eval_tasks and args.eval_every and (step % args.eval_every == 0 or step == args.steps):
-                row.update(evaluate_harnesses(rt, eval_tasks, eval_harnesses(args.eval_harness, args.harnesses),
-                                              samples=args.eval_samples, sampling=sampling,
+            if main and eval_tasks and args.eval.every and (step % args.eval.every == 0 or step == args.steps):
+                row.update(evaluate_harnesses(rt, eval_tasks, eval_harnesses(args.eval.harness, args.harnesses),
+                                              samples=args.eval.samples, sampling=sampling,
                                               concurrency=args.concurrency, pass_threshold=args.pass_threshold))
             if main:
                 row.update(ranks.sync.step_metrics())  # weight-sync timings, prefix-cache hit rates
@@ -343,11 +250,12 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
                 last = metrics.log(step, row)
             if step % max(1, args.save_every) == 0 or step == args.steps:
                 save_checkpoint(out, step, state, optimizer, config=args, version=version, keep=args.keep_checkpoints)
-            say(f"ppo step {step}/{args.steps} [{row['phase']}] reward {row.get('reward_mean')} "
-                f"v_loss {row.get('v_loss')} version {version}")
+            if args.log.progress:
+                say(f"ppo step {step}/{args.steps} [{row['phase']}] reward {row.get('reward_mean')} "
+                    f"v_loss {row.get('v_loss')} version {version}")
     if metrics is not None:
         metrics.close()
-    curves = plot_curves(metrics.path, out) if args.plot and metrics is not None else None
+    curves = plot_curves(metrics.path, out) if args.log.plot and metrics is not None else None
     ckpt = latest_checkpoint(out)
     summary = TrainSummary(algo="ppo", out_dir=str(out), steps=args.steps, metrics=str(out / "metrics.jsonl"),
                            last=last, version=version, checkpoint=str(ckpt) if ckpt else None,

@@ -60,7 +60,7 @@ GroupKey = tuple[str, str, str]
 
 @dataclasses.dataclass
 class AsyncConfig:
-    """Overlap of rollouts and training (``async.*``); the default is synchronous."""
+    """Overlap of rollouts and training (``scale.async.*``); the default is synchronous."""
 
     max_staleness: int = 0
     """the hard bound: an episode trains only if every call was sampled at most this many policy versions

@@ -1,6 +1,6 @@
 """Where a trainer's rollouts are sampled: the in-process transformers loop, or vLLM engines.
 
-:func:`open_generation` turns a :class:`GenerationConfig` (the ``generation:`` section of a trainer's config)
+:func:`open_generation` turns a :class:`GenerationConfig` (the ``scale.generation:`` section of a trainer's config)
 into a :class:`ServingSync`: ``.serving`` is the policy the rollouts use (give it to the ``Runtime``),
 ``.push(policy, version)`` serves new weights after each update, ``.step_metrics()`` is what to log per step.
 
@@ -41,7 +41,7 @@ from trainers.scale.weight_sync import (
 
 @dataclasses.dataclass
 class GenerationConfig:
-    """How rollouts are generated during training (the ``generation:`` section)."""
+    """How rollouts are generated during training (the ``scale.generation:`` section)."""
 
     backend: Literal["transformers", "vllm"] = "transformers"
     """``transformers``: an in-process copy of the policy samples (batch 1, simple, slow); ``vllm``: vLLM

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError
 from trainers.batch.clean import CleanConfig, CleanStats, clean_rollouts
 from trainers.batch.logprobs import token_logprobs
 from trainers.batch.packing import tree_tokens
@@ -50,9 +50,10 @@ from trainers.batch.tree_batch import (
     episodes_tree,
 )
 from trainers.metrics import MetricsLogger, MetricsRow, plot_curves
-from trainers.policy import PolicyConfig, TrainablePolicy
+from trainers.policy import TrainablePolicy
 from trainers.ranks import check_context
 from trainers.rollouts.sync import judge_for, run_jobs
+from trainers.run_args import RunArgs
 from trainers.scale.checkpoint import latest_checkpoint, save_checkpoint
 from trainers.scale.fsdp import (
     DistConfig,
@@ -72,14 +73,13 @@ from trainers.summary import ExpertCounts, TrainSummary
 
 
 @dataclasses.dataclass
-class Args:
-    """Every setting of an SFT run (``clawgym train --help-config sft`` lists them)."""
+class Args(RunArgs):
+    """Every setting of an SFT run (``clawgym train --help-config sft`` lists them): the shared ones of
+    :class:`~trainers.run_args.RunArgs`, then the expert, its episodes and the batches."""
     out_dir: str = "runs/sft"
-    """folder of the run: metrics.jsonl, checkpoints/, episodes/, config.json, summary.json"""
     seed: int = 0
     """seed of Python, NumPy and torch (batch order, the tiny model's weights)"""
-    suite: str = "builtin"
-    """train suite: a bundled suite name (``builtin``) or a folder of ClawGym task dirs"""
+    learning_rate: float = 1e-3
     harness: str = "mini"
     """harness the expert's trajectories are captured through"""
     expert: str = "scripted:expert"
@@ -88,45 +88,14 @@ class Args:
     """expert episodes captured per task"""
     min_reward: float = 1.0
     """keep only expert episodes whose reward reaches this"""
-    clean: CleanConfig = dataclasses.field(default_factory=CleanConfig)
-    """which calls of an expert episode are imitated: call kinds, dead retries, ``max_leaves`` (see the ``clean.*``
-    fields; counted in the ``clean/...`` metrics)"""
-    sandbox: str = "bwrap"
-    """sandbox backend of every episode: ``bwrap`` or ``docker``"""
-    concurrency: int = 4
-    """episodes run at once (one sandbox each)"""
-    max_context_tokens: int = 32768
-    """context limit of one model call at the serving proxy while the expert's episodes are captured"""
-    max_pack_tokens: int | None = 32768
-    """at most this many tokens per packed forward: a batch's tree larger than it is split into sub-packs (shared
-    prefixes recomputed, each token's loss counted once: the same loss and gradients); at least
-    ``max_context_tokens``; ``None``: one pack per rank, however large"""
-    dist: DistConfig = dataclasses.field(default_factory=DistConfig)
-    """data parallelism under ``torchrun --nproc-per-node N`` (see the ``dist.*`` fields)"""
-    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
-    """the model to train (see the ``policy.*`` fields)"""
-    steps: int = 100
-    """optimiser steps over the kept trajectories"""
     batch_episodes: int = 8
     """episodes per optimiser step (their call trees packed together)"""
-    learning_rate: float = 1e-3
-    """AdamW learning rate of the policy"""
-    weight_decay: float = 0.0
-    """AdamW weight decay"""
-    max_grad_norm: float = 1.0
-    """gradients are clipped to this global norm before each optimiser step"""
-    chunk_size: int = 1024
-    """LM-head rows computed at once when scoring (memory vs speed with the 151k vocabulary)"""
     log_every: int = 10
     """log the training metrics every this many steps"""
     save_model: bool = True
     """write ``<out_dir>/model`` (a plain model dir: ``transformers:<out_dir>/model`` serves it)"""
-    tensorboard: bool = False
-    """also write TensorBoard event files into ``out_dir``"""
-    plot: bool = True
-    """draw ``curves.png`` from the metrics at the end"""
-    progress: bool = True
-    """show a progress bar"""
+    dist: DistConfig = dataclasses.field(default_factory=DistConfig)
+    """data parallelism under ``torchrun --nproc-per-node N`` (see the ``dist.*`` fields)"""
 
     def __post_init__(self) -> None:
         check_context(self.max_context_tokens, self.max_pack_tokens)
@@ -231,15 +200,15 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, episodes: list[E
         episodes, counts = broadcast_object((episodes, counts))
     episodes, cleaned = clean_expert(episodes, args.clean)  # every rank: the same episodes, the same result
     if not episodes:
-        raise PolicyError("no expert episode to train on (all failed, scored below min_reward, had no calls or "
+        raise ConfigError("no expert episode to train on (all failed, scored below min_reward, had no calls or "
                           f"no call of clean.train_kinds {list(args.clean.train_kinds)})")
     policy = policy or TrainablePolicy(dataclasses.replace(args.policy,
                                                            device=local_device(args.policy.device, info)))
     shard_policy(policy, args.dist)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
-    metrics = MetricsLogger(out, tensorboard=args.tensorboard) if info.is_main else None
+    metrics = MetricsLogger(out, tensorboard=args.log.tensorboard) if info.is_main else None
     bar = None
-    if args.progress and info.is_main:
+    if args.log.progress and info.is_main:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=args.steps, desc="sft", unit="step")
@@ -270,7 +239,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, episodes: list[E
         metrics.close()
     save_checkpoint(out, args.steps, policy, optimizer, config=args, version=0, keep=1)
     model_dir = policy.save_pretrained(out / "model") if args.save_model else None
-    curves = plot_curves(metrics.path, out) if args.plot and metrics is not None else None
+    curves = plot_curves(metrics.path, out) if args.log.plot and metrics is not None else None
     summary = TrainSummary(algo="sft", out_dir=str(out), steps=args.steps, metrics=str(out / "metrics.jsonl"),
                            last=last, checkpoint=str(ckpt) if (ckpt := latest_checkpoint(out)) else None,
                            curves=str(curves) if curves else None, model_dir=str(model_dir) if model_dir else None,
