@@ -94,8 +94,7 @@ class ClawGymEnv(gym.Env):
         if self._task is None:
             raise gym.error.ResetNeeded("call reset() before step()")
         sampling, version = cg_spaces.action_to_sampling(action)
-        extra = {"judge": self.judge} if self.judge is not None else {}
-        result = self.runtime.run(self._task, self.adapter, sampling=sampling, policy_version=version, **extra)
+        result = self.runtime.run(self._task, self.adapter, sampling=sampling, policy_version=version, judge=self.judge)
         self.last_result = result
         rec = result.record
         info = {"status": rec.status, "subscores": dict(rec.subscores), "timings": dict(rec.timings),

@@ -15,16 +15,18 @@ import concurrent.futures as cf
 import logging
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from clawgym_env.capture.records import EpisodeRecord
 from clawgym_env.episodes.run import EpisodeResult, run_episode
 from clawgym_env.failures import exception_failure
+from clawgym_env.fleet.config import EpisodeOptions, episode_options
 from clawgym_env.grading.judge import Judge
 from clawgym_env.harness import HarnessAdapter
 from clawgym_env.policy import PolicyBackend
+from clawgym_env.policy.base import SamplingOverrides
 from clawgym_env.task import Task
 
 if TYPE_CHECKING:
@@ -100,20 +102,24 @@ class Runtime:
                 self._proxy = proxy
             return self._proxy
 
-    def run(self, task: Task, adapter: HarnessAdapter, **kwargs: Any) -> EpisodeResult:
-        """One episode of ``task`` through ``adapter`` on this runtime's proxy (:func:`run_episode`);
-        ``sandbox``, ``out_dir`` and ``judge`` default to the runtime's."""
-        if "sandbox" not in kwargs and self.sandbox_pool:
+    def run(self, task: Task, adapter: HarnessAdapter, *, sandbox: str | None = None,
+            sampling: SamplingOverrides | Mapping[str, object] | None = None, policy_version: int | None = None,
+            out_dir: str | Path | None = None, keep_workspace: bool = False, episode_id: str | None = None,
+            grade: bool = True, trace_network: bool = False, judge: Judge | None = None) -> EpisodeResult:
+        """One episode of ``task`` through ``adapter`` on this runtime's proxy (:func:`run_episode`, whose
+        keywords these are); ``sandbox``, ``out_dir`` and ``judge`` None: the runtime's."""
+        if sandbox is None and self.sandbox_pool:
             with self._lock:
                 if self._pool is None:
                     from clawgym_env.sandbox.docker.pool import DockerPool
 
                     self._pool = DockerPool(self.sandbox_pool)
-                kwargs["sandbox"] = self._pool.name
-        kwargs.setdefault("sandbox", self.sandbox)
-        kwargs.setdefault("out_dir", self.out_dir)
-        kwargs.setdefault("judge", self.judge)
-        return run_episode(task, adapter, self.proxy, **kwargs)
+                sandbox = self._pool.name
+        return run_episode(task, adapter, self.proxy, sandbox=self.sandbox if sandbox is None else sandbox,
+                           sampling=sampling, policy_version=policy_version,
+                           out_dir=self.out_dir if out_dir is None else out_dir, keep_workspace=keep_workspace,
+                           episode_id=episode_id, grade=grade, trace_network=trace_network,
+                           judge=self.judge if judge is None else judge)
 
     def close(self) -> None:
         """Stop the proxy if it was started (a later episode starts a new one), the sandbox pool and a policy
@@ -194,10 +200,17 @@ class RolloutPool:
         """The Ray fleet's last progress snapshot (per-node and per-harness counts, episodes/s)."""
 
     def run(self, tasks: Sequence[Task] | Iterable[Task], adapter: HarnessAdapter, *, samples: int = 1,
-            **kwargs: Any) -> list[EpisodeResult]:
-        """Run ``samples`` episodes of each task; results come back in task order."""
+            sampling: SamplingOverrides | Mapping[str, object] | None = None, policy_version: int | None = None,
+            keep_workspace: bool = False, grade: bool = True, trace_network: bool = False,
+            sandbox: str | None = None, out_dir: str | Path | None = None,
+            judge: Judge | None = None) -> list[EpisodeResult]:
+        """Run ``samples`` episodes of each task; results come back in task order. The keywords are
+        :func:`run_episode`'s (``sandbox``, ``out_dir`` and ``judge`` None: the runtime's, or the fleet's)."""
+        options = episode_options(sampling=sampling, policy_version=policy_version, keep_workspace=keep_workspace,
+                                  grade=grade, trace_network=trace_network, sandbox=sandbox, out_dir=out_dir,
+                                  judge=judge)
         if self.backend == "ray":
-            return self._run_ray(tasks, adapter, samples=samples, **kwargs)
+            return self._run_ray(tasks, adapter, samples=samples, options=options)
         assert self.runtime is not None
         jobs = [t for t in tasks for _ in range(samples)]
         results: list[EpisodeResult | None] = [None] * len(jobs)
@@ -207,7 +220,7 @@ class RolloutPool:
 
             bar = tqdm(total=len(jobs), desc=f"{adapter.name} episodes", unit="ep")
         with cf.ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            futs = {pool.submit(self.runtime.run, task, adapter, **kwargs): i for i, task in enumerate(jobs)}
+            futs = {pool.submit(self.runtime.run, task, adapter, **options): i for i, task in enumerate(jobs)}
             for fut in cf.as_completed(futs):
                 i = futs[fut]
                 try:
@@ -225,7 +238,7 @@ class RolloutPool:
         return [r for r in results if r is not None]  # all set: every future completed
 
     def _run_ray(self, tasks: Sequence[Task] | Iterable[Task], adapter: HarnessAdapter, *, samples: int,
-                 **kwargs: Any) -> list[EpisodeResult]:
+                 options: EpisodeOptions) -> list[EpisodeResult]:
         from clawgym_env.fleet import RayFleet
 
         tasks = list(tasks)
@@ -250,7 +263,7 @@ class RolloutPool:
 
         self.fleet.progress = show
         try:
-            return self.fleet.run(tasks, adapter, samples=samples, **kwargs)
+            return self.fleet.run(tasks, adapter, samples=samples, **options)
         finally:
             self.fleet.progress = before
             if bar is not None:

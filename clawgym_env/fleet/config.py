@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TypedDict
 
 from clawgym_env.grading.judge import Judge
 from clawgym_env.harness import EpisodeResources, HarnessAdapter
+from clawgym_env.policy.base import SamplingOverrides
 from clawgym_env.task import Task
 
 RETRIABLE_BOUNDARIES: tuple[str, ...] = ("sandbox", "harness", "proxy", "policy", "internal")
@@ -179,6 +182,37 @@ class FleetConfig:
         if self.episode_deadline_s is not None:
             return self.episode_deadline_s
         return task.limits.timeout_s + task.limits.reward_timeout_s + self.deadline_grace_s
+
+
+class EpisodeOptions(TypedDict, total=False):
+    """The keywords of :func:`~clawgym_env.episodes.run.run_episode` a batch passes to every episode of it
+    (an absent key: ``run_episode``'s default, or the worker's ``sandbox``/``out_dir``/``judge``)."""
+
+    sandbox: str
+    sampling: SamplingOverrides | Mapping[str, object] | None
+    policy_version: int | None
+    out_dir: str | Path | None
+    keep_workspace: bool
+    grade: bool
+    trace_network: bool
+    judge: Judge | None
+
+
+def episode_options(*, sampling: SamplingOverrides | Mapping[str, object] | None = None,
+                    policy_version: int | None = None, keep_workspace: bool = False, grade: bool = True,
+                    trace_network: bool = False, sandbox: str | None = None, out_dir: str | Path | None = None,
+                    judge: Judge | None = None) -> EpisodeOptions:
+    """The :class:`EpisodeOptions` of a batch; ``sandbox``, ``out_dir`` and ``judge`` are left out when None
+    (the runner's own apply)."""
+    options = EpisodeOptions(sampling=sampling, policy_version=policy_version, keep_workspace=keep_workspace,
+                             grade=grade, trace_network=trace_network)
+    if sandbox is not None:
+        options["sandbox"] = sandbox
+    if out_dir is not None:
+        options["out_dir"] = out_dir
+    if judge is not None:
+        options["judge"] = judge
+    return options
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,18 +31,29 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from clawgym_env.episodes.run import EpisodeResult
 from clawgym_env.fleet import ship
 from clawgym_env.fleet.calls import FleetError, by_value_or_ref, cancel, import_ray
-from clawgym_env.fleet.config import Attempt, AttemptRecord, EpisodeJob, FleetConfig, WorkerInfo
+from clawgym_env.fleet.config import (
+    Attempt,
+    AttemptRecord,
+    EpisodeJob,
+    EpisodeOptions,
+    FleetConfig,
+    WorkerInfo,
+    episode_options,
+)
 from clawgym_env.fleet.placement import Queued, WorkerSlots, pick, too_large, unplaceable
 from clawgym_env.fleet.ship import ShippedTask, Shipper
 from clawgym_env.fleet.stats import FleetProgress, FleetStats
 from clawgym_env.fleet.worker import RolloutWorker, infra_result, node_label
+from clawgym_env.grading.judge import Judge
 from clawgym_env.harness import HarnessAdapter
+from clawgym_env.policy.base import SamplingOverrides
 from clawgym_env.task import Task
 
 __all__ = ["PROBE_EVERY_S", "FleetError", "RayFleet", "import_ray"]
@@ -166,28 +177,46 @@ class RayFleet:
 
     # -- a batch ----------------------------------------------------------------------------------
     def run(self, tasks: Sequence[Task] | Iterable[Task], adapter: HarnessAdapter, *, samples: int = 1,
-            on_result: Callable[[int, EpisodeResult], None] | None = None, **kwargs: Any) -> list[EpisodeResult]:
+            on_result: Callable[[int, EpisodeResult], None] | None = None,
+            sampling: SamplingOverrides | Mapping[str, object] | None = None,
+            policy_version: int | None = None, keep_workspace: bool = False, grade: bool = True,
+            trace_network: bool = False, sandbox: str | None = None, out_dir: str | Path | None = None,
+            judge: Judge | None = None) -> list[EpisodeResult]:
         """Run ``samples`` episodes of each task across the fleet; results come back in task order,
-        exactly one per requested episode (``kwargs`` go to ``run_episode`` on the workers)."""
+        exactly one per requested episode (the episode keywords are :meth:`run_mixed`'s)."""
         return self.run_pairs([(t, s) for t in tasks for s in range(samples)], adapter, on_result=on_result,
-                              **kwargs)
+                              sampling=sampling, policy_version=policy_version, keep_workspace=keep_workspace,
+                              grade=grade, trace_network=trace_network, sandbox=sandbox, out_dir=out_dir, judge=judge)
 
     def run_pairs(self, pairs: Sequence[tuple[Task, int]], adapter: HarnessAdapter, *,
                   on_result: Callable[[int, EpisodeResult], None] | None = None,
-                  **kwargs: Any) -> list[EpisodeResult]:
+                  sampling: SamplingOverrides | Mapping[str, object] | None = None,
+                  policy_version: int | None = None, keep_workspace: bool = False, grade: bool = True,
+                  trace_network: bool = False, sandbox: str | None = None, out_dir: str | Path | None = None,
+                  judge: Judge | None = None) -> list[EpisodeResult]:
         """Run one episode per ``(task, sample)`` pair through ``adapter``; results in pair order, exactly
         one each (see :meth:`run_mixed`)."""
-        return self.run_mixed([(t, s, adapter) for t, s in pairs], on_result=on_result, **kwargs)
+        return self.run_mixed([(t, s, adapter) for t, s in pairs], on_result=on_result,
+                              sampling=sampling, policy_version=policy_version, keep_workspace=keep_workspace,
+                              grade=grade, trace_network=trace_network, sandbox=sandbox, out_dir=out_dir, judge=judge)
 
     def run_mixed(self, jobs: Sequence[tuple[Task, int, HarnessAdapter]], *,
                   on_result: Callable[[int, EpisodeResult], None] | None = None,
-                  **kwargs: Any) -> list[EpisodeResult]:
+                  sampling: SamplingOverrides | Mapping[str, object] | None = None,
+                  policy_version: int | None = None, keep_workspace: bool = False, grade: bool = True,
+                  trace_network: bool = False, sandbox: str | None = None, out_dir: str | Path | None = None,
+                  judge: Judge | None = None) -> list[EpisodeResult]:
         """Run one episode per ``(task, sample, adapter)``, harnesses mixed in one queue (their episodes
         overlap on the nodes); results in job order, exactly one each.
 
         ``on_result(index, result)`` is called on the calling thread as each job's final result arrives
         (after its retries), e.g. to append it to a resumable results file at once. A harness whose
-        declared needs fit no node raises :class:`FleetError` before any episode starts."""
+        declared needs fit no node raises :class:`FleetError` before any episode starts. The other keywords
+        go to :func:`~clawgym_env.episodes.run.run_episode` on the workers (``sandbox``, ``out_dir`` and
+        ``judge`` None: the fleet config's)."""
+        kwargs = episode_options(sampling=sampling, policy_version=policy_version, keep_workspace=keep_workspace,
+                                 grade=grade, trace_network=trace_network, sandbox=sandbox, out_dir=out_dir,
+                                 judge=judge)
         self.start()
         ray = self._ray
         adapters: list[HarnessAdapter] = []
@@ -287,7 +316,7 @@ class RayFleet:
         return out
 
     def _dispatch(self, queue: collections.deque[Queued], in_flight: dict[Any, Attempt], adapter_refs: list[Any],
-                  shipped: dict[int, ShippedTask | None], kwargs: dict[str, Any]) -> None:
+                  shipped: dict[int, ShippedTask | None], kwargs: EpisodeOptions) -> None:
         """Hand queued episodes to workers with room for their needs (:func:`~clawgym_env.fleet.placement.pick`)."""
         assert self.stats is not None
         while queue:

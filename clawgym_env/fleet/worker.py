@@ -33,7 +33,7 @@ from clawgym_env.capture.records import EpisodeRecord, FailureBoundary
 from clawgym_env.episodes.run import EpisodeResult, run_episode
 from clawgym_env.failures import exception_failure
 from clawgym_env.fleet import ship
-from clawgym_env.fleet.config import FleetConfig, WorkerInfo
+from clawgym_env.fleet.config import EpisodeOptions, FleetConfig, WorkerInfo
 from clawgym_env.harness import HarnessAdapter
 from clawgym_env.task import Task
 
@@ -100,7 +100,7 @@ class RolloutWorker:
                     self._installed[adapter.name] = exc
             return self._installed[adapter.name]
 
-    def run(self, task: Task, adapter: HarnessAdapter, kwargs: dict[str, Any],
+    def run(self, task: Task, adapter: HarnessAdapter, kwargs: EpisodeOptions,
             shipped: ship.ShippedTask | None = None) -> EpisodeResult:
         """One episode of ``task`` through ``adapter`` on this node (``kwargs`` go to ``run_episode``); a task
         whose folders this node lacks runs from ``shipped``, its copy in the object store (the bundle's reference
@@ -114,7 +114,7 @@ class RolloutWorker:
         result.record.timings["fleet_worker_s"] = time.monotonic() - t0
         return result
 
-    def _run(self, task: Task, adapter: HarnessAdapter, kwargs: dict[str, Any],
+    def _run(self, task: Task, adapter: HarnessAdapter, kwargs: EpisodeOptions,
              shipped: ship.ShippedTask | None) -> EpisodeResult:
         policy_name = getattr(self.policy, "name", "policy")
         in_cache: ship.ShippedTask | None = None
@@ -144,8 +144,8 @@ class RolloutWorker:
                 return infra_result(task, adapter.name, policy_name, "harness",
                                     f"harness {adapter.name} could not be installed on node {self.info.node}: "
                                     f"{type(failure).__name__}: {failure}")
-            options = {"sandbox": self._sandbox(), "out_dir": self.config.out_dir, "judge": self.config.judge,
-                       **kwargs}
+            options = EpisodeOptions(sandbox=self._sandbox(), out_dir=self.config.out_dir, judge=self.config.judge)
+            options.update(kwargs)
             result = run_episode(task, adapter, self.proxy, **options)
             if in_cache is not None:
                 result.record.logs["fleet_task_shipped"] = str(in_cache.digest)

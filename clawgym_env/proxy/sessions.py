@@ -251,9 +251,12 @@ class SessionRegistry:
         self._by_token: dict[str, EpisodeSession] = {}
         self._lock = threading.Lock()
 
-    def open(self, episode_id: str | None = None, **kwargs: Any) -> EpisodeSession:
-        """Register a new session (``kwargs`` go to :class:`EpisodeSession`)."""
-        session = EpisodeSession(episode_id or "ep-" + uuid.uuid4().hex[:12], **kwargs)
+    def open(self, episode_id: str | None = None, *, task: Task | None = None, harness: str | None = None,
+             sampling: SamplingOverrides | Mapping[str, Any] | None = None, policy_version: int | None = None,
+             calls_path: str | Path | None = None) -> EpisodeSession:
+        """Register a new session (the keywords are :class:`EpisodeSession`'s; no id: a fresh one)."""
+        session = EpisodeSession(episode_id or "ep-" + uuid.uuid4().hex[:12], task=task, harness=harness,
+                                 sampling=sampling, policy_version=policy_version, calls_path=calls_path)
         with self._lock:
             if any(s.episode_id == session.episode_id for s in self._by_token.values()):
                 raise ProxyError(f"episode {session.episode_id!r} is already open; close it first or pick "

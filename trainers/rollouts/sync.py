@@ -181,10 +181,11 @@ class RolloutFleet:
 
     def run(self, jobs: Sequence[tuple[Task, str]], adapters: Mapping[str, Any], *, group_size: int = 1,
             sampling: SamplingOverrides | None = None, policy_version: int | None = None,
-            progress: Callable[[EpisodeResult], None] | None = None, **kwargs: Any) -> list[EpisodeResult]:
+            progress: Callable[[EpisodeResult], None] | None = None, keep_workspace: bool = False,
+            grade: bool = True, judge: Judge | None = None) -> list[EpisodeResult]:
         """:func:`run_jobs` on the fleet: ``group_size`` episodes per job, results in job order, every
-        harness in one fleet batch so that their episodes overlap (``kwargs`` go to ``run_episode`` on the
-        workers)."""
+        harness in one fleet batch so that their episodes overlap (the keywords go to ``run_episode`` on the
+        workers; ``judge`` None: this fleet's)."""
         fleet = self.start().fleet
         assert fleet is not None
 
@@ -193,7 +194,8 @@ class RolloutFleet:
                 progress(result)
 
         return fleet.run_mixed([(t, s, adapters[h]) for t, h in jobs for s in range(group_size)], on_result=done,
-                               sampling=sampling, policy_version=policy_version, **kwargs)
+                               sampling=sampling, policy_version=policy_version, keep_workspace=keep_workspace,
+                               grade=grade, judge=judge)
 
     def metrics(self) -> dict[str, float | int]:
         """The fleet's counts of its current (or last) batch as flat metrics (:func:`fleet_metrics`)."""
@@ -229,10 +231,13 @@ def fleet_metrics(fleet: RolloutFleet | RayFleet | None) -> dict[str, float | in
     return metrics_of(fleet) if fleet is not None else {}
 
 
-def rollout_fleet(config: RolloutConfig, policy: PolicyBackend, **options: Any) -> AbstractContextManager[
-        RolloutFleet | None]:
-    """A started :class:`RolloutFleet` for ``backend: ray`` (``options`` go to it), ``None`` for threads."""
-    return RolloutFleet(config, policy, **options) if config.backend == "ray" else contextlib.nullcontext()
+def rollout_fleet(config: RolloutConfig, policy: PolicyBackend, *, sandbox: str = "bwrap",
+                  out_dir: str | Path | None = None,
+                  judge: Judge | None = None) -> AbstractContextManager[RolloutFleet | None]:
+    """A started :class:`RolloutFleet` for ``backend: ray`` (the keywords are its own), ``None`` for threads."""
+    if config.backend != "ray":
+        return contextlib.nullcontext()
+    return RolloutFleet(config, policy, sandbox=sandbox, out_dir=out_dir, judge=judge)
 
 
 def run_jobs(runtime, jobs: Sequence[tuple[Task, str]], *, group_size: int = 1,
@@ -251,10 +256,10 @@ def run_jobs(runtime, jobs: Sequence[tuple[Task, str]], *, group_size: int = 1,
     for _, h in jobs:
         if h not in adapters:
             adapters[h] = make_harness(h)
-    extra = {"judge": judge} if judge is not None else {}
     if fleet is not None:
         return fleet.run(jobs, adapters, group_size=group_size, sampling=sampling, policy_version=policy_version,
-                         progress=progress, **extra)
+                         progress=progress, judge=judge)
+    extra = {"judge": judge} if judge is not None else {}  # a runtime without a judge keyword still works
     flat = [(t, h) for t, h in jobs for _ in range(group_size)]
     out: list[EpisodeResult | None] = [None] * len(flat)
     policy_name = getattr(runtime.policy, "name", "policy")
