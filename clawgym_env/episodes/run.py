@@ -5,6 +5,12 @@ record's ``status`` says what happened (``ok``, ``harness_error``, ``timeout``, 
 ``reward_error``, ``reward_invalid``, ``infra_error``) and ``failure_boundary`` where (sandbox, harness,
 proxy, policy, grader, internal: :mod:`clawgym_env.failures`), with the logs.
 
+The episode is a sequence of stages, each one function returning one typed result
+(:mod:`clawgym_env.episodes.stages`): the workspace (:func:`prepare_workspace`), the sandbox with the
+harness in it (:func:`sandbox_stage`), the proxy's calls (:func:`proxy_stage`), the harness's output and
+verdict (:func:`harness_stage`), the workspace's changes (:func:`workspace_stage`) and the grade
+(:func:`grade_stage`); the record is built once from them (:func:`~clawgym_env.episodes.stages.assemble_record`).
+
 Invariants:
   * whatever the agent left in its workspace (fifos, sockets, undecodable names, 1,200 nested
     folders, sparse files) and whatever a request held, the episode ends with exactly one record
@@ -34,12 +40,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clawgym_env.capture.call_kinds import classify_calls
-from clawgym_env.capture.records import (
-    CallRecord,
-    EpisodeRecord,
-    WorkspaceChange,
-    write_jsonl,
-    write_record,
+from clawgym_env.capture.records import CallRecord, EpisodeRecord, WorkspaceChange, write_jsonl, write_record
+from clawgym_env.episodes.stages import (
+    EpisodeIds,
+    GradeStage,
+    HarnessStage,
+    ProxyStage,
+    SandboxStage,
+    WorkspaceStage,
+    assemble_record,
 )
 from clawgym_env.errors import ClawGymError, SandboxError, TaskError
 from clawgym_env.failures import (
@@ -53,11 +62,19 @@ from clawgym_env.grading.grade import grade_episode
 from clawgym_env.grading.inputs import modified_inputs
 from clawgym_env.harness import Endpoint, HarnessAdapter
 from clawgym_env.policy.base import SamplingOverrides
-from clawgym_env.sandbox import PlaceFullError, SandboxLimits, SandboxSpec, get_backend, host_toolchain_paths
+from clawgym_env.sandbox import (
+    ExecResult,
+    PlaceFullError,
+    SandboxLimits,
+    SandboxSpec,
+    get_backend,
+    host_toolchain_paths,
+)
 from clawgym_env.task import Task
 
 if TYPE_CHECKING:
     from clawgym_env.proxy.server import ProxyServer
+    from clawgym_env.proxy.sessions import EpisodeSession
 
 log = logging.getLogger(__name__)
 LOG_TAIL = 8000
@@ -162,30 +179,60 @@ def _remove_workspace(ws: Path, episode_id: str) -> None:
 def _run(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, root: Path, *, episode_id: str, t_start: float,
          sandbox: str, sampling: SamplingOverrides, policy_version: int | None, grade: bool, trace_network: bool,
          judge: Any) -> EpisodeResult:
-    """The body of :func:`run_episode` in the episode folder ``root`` (which removes the workspace after it)."""
-    timings: dict[str, float] = {}
-    # the record's fields as they are learnt; validated once, by EpisodeRecord, at the end
-    record: dict[str, Any] = dict(
-        episode_id=episode_id, task_id=task.id, suite=task.suite, harness=adapter.name,
-        policy=getattr(proxy.policy, "name", "policy"), sampling=sampling.as_dict(),
-        policy_version=policy_version if policy_version is not None else getattr(proxy.policy, "version", 0))
+    """The body of :func:`run_episode` in the episode folder ``root`` (which removes the workspace after it):
+    the stages in order, each a typed result (:mod:`clawgym_env.episodes.stages`), and the record built once
+    from them. Each failure path (a broken task folder, the sandbox, the harness's launch, the grader) ends in
+    its stage's verdict, and so in a record."""
+    ids = EpisodeIds(episode_id=episode_id, task_id=task.id, suite=task.suite, harness=adapter.name,
+                     policy=getattr(proxy.policy, "name", "policy"), sampling=sampling.as_dict(),
+                     policy_version=policy_version if policy_version is not None
+                     else getattr(proxy.policy, "version", 0))
     try:
         ws = prepare_workspace(task, root / "workspace")
     except TaskError as exc:  # a broken or hostile task folder: nobody's outcome, never trained or scored
         log.warning("episode %s: %s", episode_id, exc)
-        rec = EpisodeRecord(**record, status="infra_error", failure_boundary="task", error=str(exc),
-                            wall_s=time.monotonic() - t_start)
+        rec = assemble_record(ids, failure=Verdict("infra_error", "task", str(exc)), wall_s=time.monotonic() - t_start)
         write_record(root / "episode.json", rec)
         return EpisodeResult(rec, [])
     before = _snapshot(ws)
     session = proxy.open_episode(episode_id, task=task, harness=adapter.name, sampling=sampling,
                                  policy_version=policy_version, calls_path=root / "calls.jsonl")
-    calls: list = []
-    res = None
-    network_trace = None
     try:
-        if session.socket_path is None:  # ProxyServer.open_episode gives every episode its own socket
-            raise RuntimeError(f"episode {episode_id}: the proxy opened no socket for it")
+        boxed = sandbox_stage(task, adapter, session, root, ws, episode_id=episode_id, sandbox=sandbox,
+                              trace_network=trace_network)
+    finally:
+        served = proxy.close_episode(session.token)
+    proxied = proxy_stage(served, adapter, session, proxy, root / "calls.jsonl")
+    harness = workspace = graded = None
+    if boxed.run is not None:
+        harness = harness_stage(task, adapter, boxed.run, proxied, network_trace=boxed.network_trace)
+        workspace = workspace_stage(task, ws, before, episode_id)
+        if grade and harness.verdict.status != "infra_error":  # nothing the agent did is left to grade
+            graded = grade_stage(task, ws, harness, sandbox=sandbox, judge=judge, episode_id=episode_id)
+    rec = assemble_record(ids, sandbox=boxed, proxy=proxied, harness=harness, workspace=workspace, grade=graded,
+                          wall_s=time.monotonic() - t_start)
+    try:
+        write_record(root / "episode.json", rec)
+    except OSError as exc:
+        log.error("episode %s: could not write %s: %s", episode_id, root / "episode.json", exc)
+    return EpisodeResult(rec, list(proxied.calls))
+
+
+def sandbox_stage(task: Task, adapter: HarnessAdapter, session: EpisodeSession, root: Path, ws: Path, *,
+                  episode_id: str, sandbox: str, trace_network: bool) -> SandboxStage:
+    """Launch the harness in a sandbox on ``ws`` against the proxy ``session`` and wait for it.
+
+    A :class:`SandboxError` (the sandbox could not start or failed) or another :class:`ClawGymError` (the
+    adapter could not configure or launch its harness) is the stage's ``failure``, with what was measured
+    before it; any other exception propagates (the caller closes the proxy's episode)."""
+    if session.socket_path is None:  # ProxyServer.open_episode gives every episode its own socket
+        raise RuntimeError(f"episode {episode_id}: the proxy opened no socket for it")
+    run: ExecResult | None = None
+    failure: Verdict | None = None
+    start_s = harness_s = started_at = peak_mb = None
+    limits_hit: tuple[str, ...] | None = None
+    network_trace: str | None = None
+    try:
         spec = SandboxSpec(workspace_host=ws, workspace_target=task.mount_dir, proxy_socket=session.socket_path,
                            ro_paths=host_toolchain_paths() + list(adapter.ro_paths()),
                            limits=SandboxLimits(**task.limits.sandbox_overrides()))
@@ -199,15 +246,15 @@ def _run(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, root: Path, *,
         with get_backend(sandbox)(spec) as sb:
             for path, content in launch.files.items():
                 sb.write_file(path, content)
-            timings["sandbox_start_s"] = time.monotonic() - t0
+            start_s = time.monotonic() - t0
             t1 = time.monotonic()
             argv = list(launch.argv)
             if trace_network and shutil.which("strace"):
                 argv = ["strace", "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-s", "96",
                         "-o", NETWORK_TRACE] + argv
-            record["resources"] = {"harness_started_at": time.time()}
-            res = sb.exec(argv, env=launch.env, cwd=launch.cwd or task.mount_dir, timeout=task.limits.timeout_s)
-            timings["harness_s"] = time.monotonic() - t1
+            started_at = time.time()
+            run = sb.exec(argv, env=launch.env, cwd=launch.cwd or task.mount_dir, timeout=task.limits.timeout_s)
+            harness_s = time.monotonic() - t1
             if trace_network:
                 try:
                     network_trace = sb.read_file(NETWORK_TRACE).decode(errors="replace")[-200_000:]
@@ -215,91 +262,106 @@ def _run(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, root: Path, *,
                     network_trace = "(no trace: strace is not installed or did not run)"
             peak = sb.peak_memory_bytes()
             if peak is not None:
-                record["resources"]["peak_memory_mb"] = peak / 2**20
-            record["limits_hit"] = sb.limits_hit()  # disk/inodes per place, memory (OOM kill), cpu: its outcome
+                peak_mb = peak / 2**20
+            limits_hit = tuple(sb.limits_hit())  # disk/inodes per place, memory (OOM kill), cpu: its outcome
     except SandboxError as exc:
         log.warning("episode %s: sandbox failure: %s", episode_id, exc)
-        _apply(record, sandbox_failure(exc))
+        failure = sandbox_failure(exc)
     except ClawGymError as exc:  # the adapter could not configure or launch its harness
         log.warning("episode %s: harness launch failure: %s", episode_id, exc)
-        _apply(record, Verdict("infra_error", "harness", f"the harness could not launch: {exc}"))
-    finally:
-        calls = proxy.close_episode(session.token)
-    calls = classify_calls(calls, adapter)  # kinds and dead retries: what the trainers may train on
-    calls_path = root / "calls.jsonl"
+        failure = Verdict("infra_error", "harness", f"the harness could not launch: {exc}")
+    return SandboxStage(run=run, failure=failure, sandbox_start_s=start_s, harness_s=harness_s,
+                        harness_started_at=started_at, peak_memory_mb=peak_mb, limits_hit=limits_hit,
+                        network_trace=network_trace)
+
+
+def proxy_stage(served: list[CallRecord], adapter: HarnessAdapter, session: EpisodeSession, proxy: ProxyServer,
+                calls_path: Path) -> ProxyStage:
+    """The calls the proxy served, labelled with their kinds and dead retries (what the trainers may train on,
+    :func:`classify_calls`) and written over the unlabelled ones it streamed to ``calls_path``."""
+    calls = classify_calls(served, adapter)
     if calls or not calls_path.exists():  # the proxy streamed the calls unlabelled: replace them whole
         tmp = calls_path.with_name(calls_path.name + ".labelled")
         write_jsonl(tmp, calls)
         os.replace(tmp, calls_path)
-    record.update(num_calls=len(calls), calls_path=str(calls_path))
-    if res is not None:
-        out = adapter.read_output(res.stdout, res.stderr)
-        record.update(final_message=out.final_message, exit_code=res.returncode,
-                      logs={"stdout": res.stdout[-LOG_TAIL:], "stderr": res.stderr[-LOG_TAIL:]})
-        if network_trace is not None:
-            record["logs"]["network_trace"] = network_trace
-        _apply(record, classify_run(
-            returncode=res.returncode, timed_out=res.timed_out, final_message=out.final_message, stderr=res.stderr,
-            timeout_s=task.limits.timeout_s, num_calls=len(calls),
-            last_call_end=max((c.ended_at for c in calls), default=None),
-            call_failures=list(getattr(session, "failures", None) or ()),
-            proxy_running=bool(getattr(proxy, "running", True))))
-        try:
-            changes = workspace_changes(before, _snapshot(ws))
-            if len(changes) > MAX_CHANGES:
-                record["logs"]["workspace_changes"] = f"{len(changes)} changes, the first {MAX_CHANGES} listed"
-            record["workspace_changes"] = changes[:MAX_CHANGES]
-        except Exception as exc:  # noqa: BLE001 - a listing must never cost the episode its record
-            log.error("episode %s: listing the workspace failed", episode_id, exc_info=exc)
-            record["logs"]["workspace_changes_error"] = f"{type(exc).__name__}: {exc}"
-        try:  # the task's own files the agent changed: visible whether or not the grader restores them
-            record["inputs_modified"] = modified_inputs(task, ws)
-        except OSError as exc:
-            record["logs"]["inputs_modified_error"] = f"{type(exc).__name__}: {exc}"
-        status_before_grading = record["status"]
-        if grade and record["status"] != "infra_error":  # nothing the agent did is left to grade
-            t2 = time.monotonic()
-            try:
-                rr = grade_episode(task, ws, final_message=out.final_message, transcript=out.transcript,
-                                   sandbox=sandbox, judge=judge)
-                record.update(reward=rr.reward, subscores=rr.subscores, reward_reason=rr.reason)
-                if rr.notes:
-                    record["logs"]["grader_notes"] = "\n".join(rr.notes)
-                if not rr.valid:  # no valid reward: never the agent's 0, whatever else happened
-                    record.update(status="reward_invalid", error=rr.reason)
-                elif not rr.ok and record["status"] == "ok":
-                    record["status"] = "reward_error"
-                record["logs"]["reward_stdout"] = rr.stdout[-LOG_TAIL:]
-                record["logs"]["reward_stderr"] = rr.stderr[-LOG_TAIL:]
-            except PlaceFullError as exc:  # past the grader's room only if past the agent's own quotas: its 0
-                record.update(reward=0.0, subscores={}, reward_reason=f"the final workspace could not be graded: {exc}")
-                if record["status"] == "ok":
-                    record["status"] = "reward_error"
-            except SandboxError as exc:
-                record.update(status="infra_error", reward=0.0, error=f"reward sandbox failure: {exc}")
-            except Exception as exc:  # noqa: BLE001 - a grading bug: this episode's record says so, nothing escapes
-                log.error("episode %s: grading raised", episode_id, exc_info=exc)
-                record.update(status="infra_error", reward=0.0, error=internal_failure(exc, "grading").error)
-            timings["reward_s"] = time.monotonic() - t2
-        if record["status"] != status_before_grading:  # the grader set it: its boundary
-            record["failure_boundary"] = "grader"
-    timings["proxy_generate_s"] = sum(c.timings.get("generate_s", 0.0) for c in calls)
-    timings["proxy_total_s"] = sum(c.timings.get("total_s", 0.0) for c in calls)
-    record.update(wall_s=time.monotonic() - t_start, timings=timings)
+    return ProxyStage(calls=tuple(calls), calls_path=str(calls_path),
+                      failures=tuple(getattr(session, "failures", None) or ()),
+                      running=bool(getattr(proxy, "running", True)))
+
+
+def harness_stage(task: Task, adapter: HarnessAdapter, run: ExecResult, proxied: ProxyStage, *,
+                  network_trace: str | None) -> HarnessStage:
+    """What the harness said (its adapter reads its output; an adapter that raises fails the episode's run)
+    and the verdict on its run (:func:`classify_run`)."""
+    out = adapter.read_output(run.stdout, run.stderr)
+    logs = {"stdout": run.stdout[-LOG_TAIL:], "stderr": run.stderr[-LOG_TAIL:]}
+    if network_trace is not None:
+        logs["network_trace"] = network_trace
+    verdict = classify_run(returncode=run.returncode, timed_out=run.timed_out, final_message=out.final_message,
+                           stderr=run.stderr, timeout_s=task.limits.timeout_s, num_calls=len(proxied.calls),
+                           last_call_end=proxied.last_call_end, call_failures=list(proxied.failures),
+                           proxy_running=proxied.running)
+    return HarnessStage(final_message=out.final_message, transcript=out.transcript, exit_code=run.returncode,
+                        logs=logs, verdict=verdict)
+
+
+def workspace_stage(task: Task, ws: Path, before: dict[str, Entry], episode_id: str) -> WorkspaceStage:
+    """What differs in ``ws`` from ``before`` (at most :data:`MAX_CHANGES` listed) and the task's own input
+    files the agent changed (visible whether or not the grader restores them). A listing that fails is
+    noted in the stage's logs: it never costs the episode its record."""
+    logs: dict[str, str] = {}
+    changes: list[WorkspaceChange] | None = None
+    inputs = None
     try:
-        rec = EpisodeRecord(**record)
-    except Exception as exc:  # noqa: BLE001 - a bug here must still leave exactly one record
-        log.error("episode %s: building the record failed", episode_id, exc_info=exc)
-        keep = {k: record[k] for k in ("episode_id", "task_id", "suite", "harness", "policy", "num_calls",
-                                       "calls_path", "wall_s") if k in record}
-        rec = EpisodeRecord(**keep, status="infra_error", failure_boundary="internal",
-                            error=internal_failure(exc, "building the episode record").error)
+        found = workspace_changes(before, _snapshot(ws))
+        if len(found) > MAX_CHANGES:
+            logs["workspace_changes"] = f"{len(found)} changes, the first {MAX_CHANGES} listed"
+        changes = found[:MAX_CHANGES]
+    except Exception as exc:  # noqa: BLE001 - a listing must never cost the episode its record
+        log.error("episode %s: listing the workspace failed", episode_id, exc_info=exc)
+        logs["workspace_changes_error"] = f"{type(exc).__name__}: {exc}"
     try:
-        write_record(root / "episode.json", rec)
+        inputs = tuple(modified_inputs(task, ws))
     except OSError as exc:
-        log.error("episode %s: could not write %s: %s", episode_id, root / "episode.json", exc)
-    return EpisodeResult(rec, list(calls))
+        logs["inputs_modified_error"] = f"{type(exc).__name__}: {exc}"
+    return WorkspaceStage(changes=None if changes is None else tuple(changes), inputs_modified=inputs, logs=logs)
 
 
-def _apply(record: dict[str, Any], verdict: Verdict) -> None:
-    record.update(status=verdict.status, failure_boundary=verdict.boundary, error=verdict.error)
+def grade_stage(task: Task, ws: Path, harness: HarnessStage, *, sandbox: str, judge: Any,
+                episode_id: str) -> GradeStage:
+    """Grade the final workspace (:func:`grade_episode`) and the verdict after it.
+
+    A grade with no valid reward makes the status ``reward_invalid`` (never the agent's 0); a verifier
+    that failed makes an ``ok`` episode ``reward_error``; a workspace too big for the grader's room (past
+    the agent's own quotas) is the agent's 0; the grader's sandbox failing or the grader raising is
+    ``infra_error``. Whenever grading changes the status, the boundary is ``grader``."""
+    before = harness.verdict
+    status, error = before.status, before.error
+    reward, subscores, reason = 0.0, {}, None
+    logs: dict[str, str] = {}
+    t0 = time.monotonic()
+    try:
+        rr = grade_episode(task, ws, final_message=harness.final_message, transcript=harness.transcript,
+                           sandbox=sandbox, judge=judge)
+        reward, subscores, reason = rr.reward, rr.subscores, rr.reason
+        if rr.notes:
+            logs["grader_notes"] = "\n".join(rr.notes)
+        if not rr.valid:  # no valid reward: never the agent's 0, whatever else happened
+            status, error = "reward_invalid", rr.reason
+        elif not rr.ok and status == "ok":
+            status = "reward_error"
+        logs["reward_stdout"] = rr.stdout[-LOG_TAIL:]
+        logs["reward_stderr"] = rr.stderr[-LOG_TAIL:]
+    except PlaceFullError as exc:  # past the grader's room only if past the agent's own quotas: its 0
+        reward, subscores, reason = 0.0, {}, f"the final workspace could not be graded: {exc}"
+        if status == "ok":
+            status = "reward_error"
+    except SandboxError as exc:
+        status, reward, error = "infra_error", 0.0, f"reward sandbox failure: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a grading bug: this episode's record says so, nothing escapes
+        log.error("episode %s: grading raised", episode_id, exc_info=exc)
+        status, reward, error = "infra_error", 0.0, internal_failure(exc, "grading").error
+    reward_s = time.monotonic() - t0
+    verdict = before if status == before.status else Verdict(status, "grader", error)
+    return GradeStage(verdict=verdict, reward=reward, subscores=subscores, reward_reason=reason, logs=logs,
+                      reward_s=reward_s)
