@@ -19,7 +19,7 @@ import pytest
 
 from clawgym_env.capture.records import CallRecord, EpisodeRecord, EpisodeStatus
 from clawgym_env.episodes.run import EpisodeResult
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError, PolicyError
 from trainers.batch.tree_batch import make_groups
 from trainers.rollouts.ahead import AsyncConfig, RolloutAhead, StepBatch, _Intervals, episode_staleness, jobs_for
 
@@ -180,11 +180,11 @@ def test_stale_groups_are_regenerated_at_the_current_version_and_counted():
 
 
 def test_config_is_checked():
-    with pytest.raises(PolicyError, match="stale"):
+    with pytest.raises(ConfigError, match="stale"):
         AsyncConfig(max_staleness=1, stale="keep")
-    with pytest.raises(PolicyError, match="queue_steps"):
+    with pytest.raises(ConfigError, match="queue_steps"):
         AsyncConfig(max_staleness=1, queue_steps=2)
-    with pytest.raises(PolicyError, match="rerun"):
+    with pytest.raises(ConfigError, match="rerun"):
         RolloutAhead(lambda s: batch_of(s, []), AsyncConfig(max_staleness=1, stale="regenerate"), start=1, stop=2)
     with RolloutAhead(lambda s: batch_of(s, []), AsyncConfig(), start=1, stop=2) as ahead:
         with pytest.raises(PolicyError, match="out of order"):

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 
 from clawgym_env.capture.records import CallRecord, EpisodeRecord  # noqa: E402
 from clawgym_env.capture.tree import CallTree  # noqa: E402
-from clawgym_env.errors import PolicyError  # noqa: E402
+from clawgym_env.errors import ConfigError  # noqa: E402
 from clawgym_env.policy.chat_format import assistant_text, render_prompt_ids  # noqa: E402
 from clawgym_env.policy.tiny import build_tiny_qwen3  # noqa: E402
 from trainers.batch.logprobs import token_logprobs  # noqa: E402
@@ -189,7 +189,7 @@ def test_split_parts_are_whole_paths_that_fit_and_own_each_node_once():
 def test_a_path_longer_than_the_limit_names_the_fix(episodes):
     tree = CallTree.from_episodes(episodes[:2])
     longest = _longest_path(tree)
-    with pytest.raises(PolicyError, match=rf"{longest} tokens.*raise max_pack_tokens to at least max_context_tokens"):
+    with pytest.raises(ConfigError, match=rf"{longest} tokens.*raise max_pack_tokens to at least max_context_tokens"):
         plan_packs([tree], longest - 1)
     assert len(plan_packs([tree], longest)) >= 1
 
@@ -312,7 +312,7 @@ def test_gae_over_packs_runs_on_whole_trees_across_split_packs(tokenizer):
     for p, (adv, ret) in zip(split, gae_over_packs(split, split_values, 0.9, 0.8)):
         for key, j in _all_keys(p.packed).items():  # owned and context tokens alike
             assert abs(float(adv[j]) - by_key[key][1]) < 1e-6 and abs(float(ret[j]) - by_key[key][2]) < 1e-6
-    with pytest.raises(PolicyError, match="every part of a split tree"):
+    with pytest.raises(ConfigError, match="every part of a split tree"):
         gae_over_packs(split[:1], split_values[:1], 0.9, 0.8)
 
 
@@ -385,5 +385,5 @@ def test_64k_context_packs_within_the_limit():
     packs = rollout_packs([fork], 45000)
     assert [p.num_tokens for p in packs] == [40100, 40100]
     assert pack_stats(packs).recomputed_tokens == 30000 and sum(p.num_trainable for p in packs) == 200
-    with pytest.raises(PolicyError, match="40100 tokens"):
+    with pytest.raises(ConfigError, match="40100 tokens"):
         rollout_packs([fork], 40000)

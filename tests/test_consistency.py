@@ -14,7 +14,7 @@ from openai import OpenAI  # noqa: E402
 
 from clawgym_env.capture.records import EpisodeRecord  # noqa: E402
 from clawgym_env.capture.tree import CallTree  # noqa: E402
-from clawgym_env.errors import PolicyError  # noqa: E402
+from clawgym_env.errors import ConfigError  # noqa: E402
 from clawgym_env.policy.tiny import build_tiny_qwen3  # noqa: E402
 from clawgym_env.policy.transformers_backend import TransformersPolicy  # noqa: E402
 from clawgym_env.proxy.server import ProxyServer  # noqa: E402
@@ -125,5 +125,5 @@ def test_inexact_calls_and_tokens_are_counted(rollout, tokenizer):
     only_side = [n.id for n in tree.nodes if n.calls == [1]]
     assert only_side and report.inexact_calls == 1 and report.num_calls == 4
     assert report.inexact_tokens == sum(sum(tree.nodes[n].sampled) for n in only_side) == len(calls[1].output_token_ids)
-    with pytest.raises(PolicyError, match="do not fit"):
+    with pytest.raises(ConfigError, match="do not fit"):
         report_from_logprobs([pack], [lp[:-1]])

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from test_grpo import episode, tool  # noqa: E402
 
-from clawgym_env.errors import ConfigError, PolicyError  # noqa: E402
+from clawgym_env.errors import ConfigError  # noqa: E402
 from trainers.batch.tree_batch import group_summary, make_groups, pack_groups  # noqa: E402
 from trainers.grpo.train import Args, collect_groups  # noqa: E402
 
@@ -44,7 +44,7 @@ def test_loss_norms_weight_pairs_as_documented(group):
     assert sum(flat) == pytest.approx(1.0) and max(flat) == pytest.approx(min(flat))  # one mean over all pairs
     const = _pairs_by_episode(pack_groups(g, loss_norm="constant", norm_constant=500)[0])
     assert all(w == pytest.approx(1 / (3 * 500)) for ws in const.values() for w in ws)
-    with pytest.raises(PolicyError, match="norm_constant"):
+    with pytest.raises(ConfigError, match="norm_constant"):
         pack_groups(g, loss_norm="constant")
     with pytest.raises(ConfigError, match="loss_norm"):
         Args(loss_norm="sum")

@@ -21,7 +21,7 @@ import trainers.grpo.train as grpo  # noqa: E402
 import trainers.grpo.update as grpo_update  # noqa: E402
 from clawgym_env.capture.records import CallRecord, EpisodeRecord  # noqa: E402
 from clawgym_env.capture.tree import CallTree  # noqa: E402
-from clawgym_env.errors import PolicyError  # noqa: E402
+from clawgym_env.errors import ConfigError  # noqa: E402
 from clawgym_env.policy.tiny import build_tiny_qwen3  # noqa: E402
 from trainers.batch.logprobs import forward_form, forward_segments, packed_hidden_states, token_logprobs  # noqa: E402
 from trainers.batch.packing import PackedTree, pack_trees  # noqa: E402
@@ -236,7 +236,7 @@ def test_gradient_checkpointing_falls_back_to_the_dense_mask(tokenizer):
     net.train()
     p = packed_of("mid_segment")
     assert forward_form(net, p) == "additive"  # the layers would drop a KV cache
-    with pytest.raises(PolicyError, match="gradient checkpointing"):
+    with pytest.raises(ConfigError, match="gradient checkpointing"):
         packed_hidden_states(net, p, "prefix_cache")
     with torch.no_grad():  # no backward to replay: the cache is kept, so prefix caching is fine
         assert forward_form(net, p) == "prefix_cache"

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 
 from clawgym_env.capture.records import CallKind, CallRecord, EpisodeRecord  # noqa: E402
 from clawgym_env.capture.tree import CallTree  # noqa: E402
-from clawgym_env.errors import PolicyError  # noqa: E402
+from clawgym_env.errors import ConfigError  # noqa: E402
 from clawgym_env.policy.chat_format import render_prompt_ids  # noqa: E402
 from trainers.batch.clean import CleanConfig, CleanStats, clean_episode  # noqa: E402
 from trainers.batch.tree_batch import group_summary, make_groups, pack_groups  # noqa: E402
@@ -175,9 +175,9 @@ def test_per_kind_choices(tokenizer):
     dead_side = [c.model_copy(update={"discarded_by": 99}) if c.kind == "side" else c for c in calls]
     st = clean_episode(dead_side, CleanConfig()).stats
     assert st.removed_calls["side"] == 1 and st.removed_calls["discarded"] == 1
-    with pytest.raises(PolicyError, match="train_kinds"):
+    with pytest.raises(ConfigError, match="train_kinds"):
         CleanConfig(train_kinds=("mian",))
-    with pytest.raises(PolicyError, match="max_leaves"):
+    with pytest.raises(ConfigError, match="max_leaves"):
         CleanConfig(max_leaves=0)
 
 

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from clawgym_env.capture.records import CallRecord, EpisodeRecord  # noqa: E402
 from clawgym_env.capture.tree import CallTree  # noqa: E402
-from clawgym_env.errors import PolicyError  # noqa: E402
+from clawgym_env.errors import ConfigError  # noqa: E402
 from clawgym_env.policy.chat_format import assistant_text, render_prompt_ids, render_prompt_text  # noqa: E402
 from clawgym_env.policy.tiny import build_tiny_qwen3  # noqa: E402
 from trainers.batch.logprobs import chunked_logprobs, mask_form_for, token_logprobs  # noqa: E402
@@ -196,7 +196,7 @@ def test_single_chain_runs_causal_without_a_mask(model, tokenizer, branchy_tree)
         fast = token_logprobs(model, p, vocab_limit=len(tokenizer))
         masked = token_logprobs(model, p, vocab_limit=len(tokenizer), mask_form="bool")
     assert (fast - masked).abs().max() < 1e-5 and fast[p.target_mask].abs().min() > 0
-    with pytest.raises(PolicyError, match="one chain"):
+    with pytest.raises(ConfigError, match="one chain"):
         token_logprobs(model, pack_trees(branchy_tree), mask_form="causal")
 
 

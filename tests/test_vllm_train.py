@@ -25,7 +25,7 @@ import pytest
 from test_vllm_backend import TOL, max_diff, recomputed, server_test
 from test_vllm_routing import Engine, FakeReplica, ctx
 
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError, PolicyError
 from clawgym_env.policy.base import SamplingParams
 from clawgym_env.policy.replicas import ReplicaPolicy
 
@@ -251,7 +251,7 @@ def test_generation_config_and_the_transformers_backend(tokenizer, tmp_path):
     tied.mkdir()
     (tied / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
     assert _sync_method(GenerationConfig(), tied) == "restart"
-    with pytest.raises(PolicyError, match="tied"):
+    with pytest.raises(ConfigError, match="tied"):
         _sync_method(GenerationConfig(sync="collective"), tied)
     (tied / "config.json").write_text(json.dumps({"tie_word_embeddings": False}))
     assert _sync_method(GenerationConfig(), tied) == "inplace"

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError, PolicyError
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TREE_MASK_ATTN = ("sdpa", "eager", "flex_attention")
@@ -110,14 +110,14 @@ def _dtype(name: str) -> torch.dtype:
     alias = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
     value = getattr(torch, alias.get(name, name), None)
     if not isinstance(value, torch.dtype):
-        raise PolicyError(f"unknown dtype {name!r}; use float32, bfloat16 or float16")
+        raise ConfigError(f"unknown dtype {name!r}; use float32, bfloat16 or float16")
     return value
 
 
 def load_causal_lm(cfg: PolicyConfig, tokenizer):
     """The (base) causal LM ``cfg`` names: a ``tiny*`` random-init model or a model directory's."""
     if cfg.attn_implementation not in TREE_MASK_ATTN:
-        raise PolicyError(f"attn_implementation {cfg.attn_implementation!r} cannot take a tree mask; use one of "
+        raise ConfigError(f"attn_implementation {cfg.attn_implementation!r} cannot take a tree mask; use one of "
                           f"{TREE_MASK_ATTN}")
     if cfg.model in TINY_MODELS:
         from clawgym_env.policy.tiny import build_tiny_qwen3, build_tiny_qwen3_moe
@@ -139,7 +139,7 @@ def load_causal_lm(cfg: PolicyConfig, tokenizer):
         return model.to(_dtype(cfg.dtype))
     path = Path(cfg.model).expanduser()
     if not (path / "config.json").is_file():
-        raise PolicyError(f"policy.model {cfg.model!r} is neither one of {TINY_MODELS} nor a model directory "
+        raise ConfigError(f"policy.model {cfg.model!r} is neither one of {TINY_MODELS} nor a model directory "
                           "with config.json")
     from transformers import AutoModelForCausalLM
 
@@ -352,7 +352,7 @@ def lora_delta(layer, adapter: str, a: torch.Tensor, b: torch.Tensor) -> torch.T
     (transposed under ``fan_in_fan_out``) for a linear layer; per expert for a fused 3-D experts parameter
     (peft's ``ParamWrapper``: A is [experts·r, in], B is [out, r·experts])."""
     if getattr(layer, "use_dora", {}).get(adapter) or getattr(layer, "lora_bias", {}).get(adapter):
-        raise PolicyError("merging DoRA or LoRA-bias adapters is not supported; train plain LoRA")
+        raise ConfigError("merging DoRA or LoRA-bias adapters is not supported; train plain LoRA")
     scale = float(layer.scaling[adapter])
     experts = int(getattr(layer, "num_experts", 1))
     a, b = a.float(), b.float()
@@ -378,7 +378,7 @@ def merge_lora(state: dict[str, torch.Tensor], causal_lm) -> dict[str, torch.Ten
             continue
         for adapter in layer.active_adapters:
             if adapter in getattr(layer, "lora_embedding_A", {}):
-                raise PolicyError(f"{name}: LoRA on embeddings cannot be merged here; drop it from lora_targets")
+                raise ConfigError(f"{name}: LoRA on embeddings cannot be merged here; drop it from lora_targets")
             if adapter not in layer.lora_A:
                 continue
             key = f"{_plain_name(name)}.{getattr(layer, 'parameter_name', 'weight')}"

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 from clawgym_env.capture.records import CALL_KINDS, CallRecord, EpisodeRecord
 from clawgym_env.capture.tree import CallTree
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError
 
 __all__ = ["CleanConfig", "CleanStats", "EpisodeClean", "clean_episode", "clean_rollouts"]
 
@@ -67,10 +67,10 @@ class CleanConfig:
         self.train_kinds = tuple(self.train_kinds)
         unknown = [k for k in self.train_kinds if k not in CALL_KINDS]
         if unknown or not self.train_kinds:
-            raise PolicyError(f"clean.train_kinds must be a non-empty list of {list(CALL_KINDS)}, got "
+            raise ConfigError(f"clean.train_kinds must be a non-empty list of {list(CALL_KINDS)}, got "
                               f"{list(self.train_kinds)}")
         if self.max_leaves is not None and self.max_leaves < 1:
-            raise PolicyError(f"clean.max_leaves must be >= 1 or null (no limit), got {self.max_leaves}")
+            raise ConfigError(f"clean.max_leaves must be >= 1 or null (no limit), got {self.max_leaves}")
 
 
 @dataclasses.dataclass

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from clawgym_env.capture.tree import CallTree
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError
 from trainers.batch.logprobs import token_logprobs
 from trainers.batch.packing import PackedTree, pack_batch, scorable_mask, trainable_mask
 
@@ -102,15 +102,15 @@ def report_from_logprobs(packs: Sequence[PackedTree], train_logprobs: Sequence[t
                          threshold: float = 0.1, quantiles: Sequence[float] = DEFAULT_QUANTILES) -> ConsistencyReport:
     """Build the report from logprobs a trainer already computed (one [T] tensor per pack)."""
     if clip <= 0:
-        raise PolicyError(f"clip must be positive, got {clip}")
+        raise ConfigError(f"clip must be positive, got {clip}")
     if len(packs) != len(train_logprobs):
-        raise PolicyError(f"{len(packs)} packs but {len(train_logprobs)} logprob tensors")
+        raise ConfigError(f"{len(packs)} packs but {len(train_logprobs)} logprob tensors")
     ratios, weights, masks, flat, inexact_flags = [], [], [], [], []
     num_calls = inexact_calls = sampled = 0
     n_trees = 0
     for pack, lp in zip(packs, train_logprobs):
         if lp.shape != (pack.num_tokens,):
-            raise PolicyError(f"logprobs of shape {tuple(lp.shape)} do not fit a pack of {pack.num_tokens} tokens")
+            raise ConfigError(f"logprobs of shape {tuple(lp.shape)} do not fit a pack of {pack.num_tokens} tokens")
         lp = lp.detach().to(torch.float64)
         m = scorable_mask(pack)
         lr = torch.where(m, lp - pack.rollout_logprobs.to(torch.float64), torch.zeros_like(lp))

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError, PolicyError
 from trainers.batch.packing import PackedTree
 
 # sdpa converts a bool mask to an additive one internally (keeping both), so additive is leaner there too
@@ -55,7 +55,7 @@ def mask_form_for(model) -> str:
     """The tree-mask form the model's attention implementation takes (see the module docstring)."""
     impl = getattr(model.config, "_attn_implementation", None) or "eager"
     if impl not in AUTO_FORMS:
-        raise PolicyError(f"attention implementation {impl!r} cannot take a tree mask; load the model with "
+        raise ConfigError(f"attention implementation {impl!r} cannot take a tree mask; load the model with "
                           "attn_implementation='sdpa' (or 'eager' / 'flex_attention')")
     return AUTO_FORMS[impl]
 
@@ -119,7 +119,7 @@ def packed_hidden_states(model, packed: PackedTree, mask_form: str = "auto") -> 
         return prefix_cache_hidden_states(base, packed)
     if form == "causal":
         if not packed.is_chain:
-            raise PolicyError("mask_form='causal' is only valid for a pack that is one chain; use 'auto'")
+            raise ConfigError("mask_form='causal' is only valid for a pack that is one chain; use 'auto'")
         mask = None
     else:
         mask = packed.attention_mask(form, dtype=next(model.parameters()).dtype)
@@ -175,7 +175,7 @@ def prefix_cache_hidden_states(base, packed: PackedTree) -> torch.Tensor:
     from transformers import DynamicCache
 
     if _checkpointing(base):
-        raise PolicyError("mask_form='prefix_cache' cannot run under gradient checkpointing (transformers "
+        raise ConfigError("mask_form='prefix_cache' cannot run under gradient checkpointing (transformers "
                           "drops the KV cache); use a dense mask form or disable checkpointing")
     # transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name is deprecated)
     cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
@@ -186,10 +186,10 @@ def prefix_cache_hidden_states(base, packed: PackedTree) -> torch.Tensor:
         while stack and stack[-1][0] != parent:
             stack.pop()  # its subtree is done (packed order is preorder)
         if parent >= 0 and not stack:
-            raise PolicyError(f"segment {seg}'s parent {parent} is not on the current path; packed order is broken")
+            raise ConfigError(f"segment {seg}'s parent {parent} is not on the current path; packed order is broken")
         past = sum(s[1] for s in stack)
         if int(pos[0, start]) != past:
-            raise PolicyError(f"packed token {start} is at position {int(pos[0, start])} but has {past} ancestor "
+            raise ConfigError(f"packed token {start} is at position {int(pos[0, start])} but has {past} ancestor "
                               "tokens; the pack's positions are not path positions")
         cache = DynamicCache()
         for layer in range(len(stack[0][2]) if stack else 0):
@@ -312,13 +312,13 @@ def chunked_logprobs(hidden: torch.Tensor, head, targets: torch.Tensor, chunk_si
     docstring for ``recompute``).
     """
     if chunk_size <= 0:
-        raise PolicyError(f"chunk_size must be positive, got {chunk_size}")
+        raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
     if temperature <= 0:
-        raise PolicyError(f"temperature must be positive to score tokens, got {temperature}")
+        raise ConfigError(f"temperature must be positive to score tokens, got {temperature}")
     weight, bias = head.weight, getattr(head, "bias", None)
     limit = int(weight.shape[0]) if vocab_limit is None else min(int(vocab_limit), int(weight.shape[0]))
     if targets.numel() and int(targets.max()) >= limit:
-        raise PolicyError(f"target id {int(targets.max())} is outside the scored vocabulary of {limit} ids")
+        raise ConfigError(f"target id {int(targets.max())} is outside the scored vocabulary of {limit} ids")
     if recompute:
         logp, ent = _ChunkedLogprob.apply(hidden, weight, bias, targets, int(chunk_size), float(temperature), limit,
                                          bool(return_entropy))

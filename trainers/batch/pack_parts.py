@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 
 from clawgym_env.capture.tree import CallTree
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError
 from trainers.batch.advantages import leaf_rewards, tree_gae
 from trainers.batch.packing import PackedTree
 from trainers.batch.tree_batch import TrainPack
@@ -103,13 +103,13 @@ def gae_over_packs(packs: Sequence[PackedTree | TrainPack], values: Sequence[tor
     from ``meta.episode_rewards()``). All parts of a split tree must be among ``packs``.
     """
     if len(values) != len(packs):
-        raise PolicyError(f"{len(packs)} packs but {len(values)} value tensors")
+        raise ConfigError(f"{len(packs)} packs but {len(values)} value tensors")
     flat_packs = [_packed(p) for p in packs]
     trees: dict[tuple[int, int, int], CallTree] = {}
     rows: dict[tuple[int, int, int], list[list[float] | None]] = {}
     for k, (pack, v) in enumerate(zip(flat_packs, values)):
         if v.shape != (pack.num_tokens,):
-            raise PolicyError(f"values of shape {tuple(v.shape)} do not fit pack {k} of {pack.num_tokens} tokens")
+            raise ConfigError(f"values of shape {tuple(v.shape)} do not fit pack {k} of {pack.num_tokens} tokens")
         flat = v.detach().double().cpu().tolist()
         offs = pack.node_offsets.tolist()
         for n, (ti, nid) in enumerate(zip(pack.node_tree.tolist(), pack.node_ids.tolist())):
@@ -119,7 +119,7 @@ def gae_over_packs(packs: Sequence[PackedTree | TrainPack], values: Sequence[tor
             tree = trees.setdefault(key, pack.trees[ti])
             per_node = rows.setdefault(key, [None] * len(tree.nodes))
             if per_node[nid] is not None:
-                raise PolicyError(f"node {nid} of tree {tree.meta.tree_id or '?'} is owned by two packs; build "
+                raise ConfigError(f"node {nid} of tree {tree.meta.tree_id or '?'} is owned by two packs; build "
                                   "the packs with trainers.batch.pack_split.plan_packs")
             per_node[nid] = flat[offs[n]:offs[n + 1]]
     results: dict[tuple[int, int, int], tuple[list[list[float]], list[list[float]]]] = {}
@@ -127,7 +127,7 @@ def gae_over_packs(packs: Sequence[PackedTree | TrainPack], values: Sequence[tor
         tree = trees[key]
         missing = [nid for nid, r in enumerate(per_node) if r is None]
         if missing:
-            raise PolicyError(f"tree {tree.meta.tree_id or '?'}: nodes {missing[:5]} are in none of the packs; pass "
+            raise ConfigError(f"tree {tree.meta.tree_id or '?'}: nodes {missing[:5]} are in none of the packs; pass "
                               "all packs of the step (every part of a split tree) together")
         full = [r or [] for r in per_node]
         results[key] = tree_gae(tree, full, leaf_rewards(tree, tree.meta.episode_rewards()), gamma=gamma, lam=lam)
@@ -152,7 +152,7 @@ def scatter_node_values(pack: TrainPack | PackedTree, values: Sequence[Sequence[
     (nodes a split tree's part does not hold are skipped)."""
     packed = _packed(pack)
     if len(values) != len(packed.trees):
-        raise PolicyError(f"{len(values)} value lists for a pack of {len(packed.trees)} trees")
+        raise ConfigError(f"{len(values)} value lists for a pack of {len(packed.trees)} trees")
     flat = [0.0] * packed.num_tokens
     for ti, per_node in enumerate(values):
         for nid, row in enumerate(per_node):
@@ -160,6 +160,6 @@ def scatter_node_values(pack: TrainPack | PackedTree, values: Sequence[Sequence[
                 continue
             sl = packed.node_slice(ti, nid)
             if len(row) != sl.stop - sl.start:
-                raise PolicyError(f"tree {ti} node {nid}: {len(row)} values for {sl.stop - sl.start} tokens")
+                raise ConfigError(f"tree {ti} node {nid}: {len(row)} values for {sl.stop - sl.start} tokens")
             flat[sl] = [float(v) for v in row]
     return torch.tensor(flat, dtype=torch.float32, device=packed.input_ids.device)

@@ -19,7 +19,7 @@ Invariants (``parts = split_tree(tree, n)``):
   token carries in full, so it is the same in every part: a loss that counts each token only in the
   part that owns it, summed over the parts, equals the loss of the whole tree in one pack;
 * a tree that fits is never split (one part, ``count == 1``); a root-to-leaf path longer than ``n``
-  cannot be split this way and raises a :class:`~clawgym_env.errors.PolicyError` that names the fix.
+  cannot be split this way and raises a :class:`~clawgym_env.errors.ConfigError` that names the fix.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from clawgym_env.capture.tree import CallTree
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +92,7 @@ def _preorder_leaves(tree: CallTree) -> list[int]:
 def split_tree(tree: CallTree, max_tokens: int, source: int = 0) -> list[TreePart]:
     """``tree`` as parts of at most ``max_tokens`` tokens each (see the module docstring); one part when it fits."""
     if max_tokens <= 0:
-        raise PolicyError(f"max_pack_tokens must be positive, got {max_tokens}")
+        raise ConfigError(f"max_pack_tokens must be positive, got {max_tokens}")
     total = tree_tokens(tree)
     if total <= max_tokens:
         return [whole_part(tree, source)]
@@ -104,7 +104,7 @@ def split_tree(tree: CallTree, max_tokens: int, source: int = 0) -> list[TreePar
         path = tree.path(leaf)
         length = sum(sizes[n] for n in path)
         if length > max_tokens:
-            raise PolicyError(
+            raise ConfigError(
                 f"a root-to-leaf path of tree {tree.meta.tree_id or '?'} has {length} tokens, more than "
                 f"max_pack_tokens={max_tokens}, so it cannot be split into packs that fit; raise max_pack_tokens "
                 "to at least max_context_tokens (the proxy's cap on one call's context)")
@@ -125,7 +125,7 @@ def split_tree(tree: CallTree, max_tokens: int, source: int = 0) -> list[TreePar
         parts.append(TreePart(tree, frozenset(nodes), owned, sum(sizes[n] for n in nodes), index=i,
                               count=len(groups), source=source))
     if len(seen) != len(tree.nodes):
-        raise PolicyError(f"tree {tree.meta.tree_id or '?'} has nodes on no root-to-leaf path; rebuild it "
+        raise ConfigError(f"tree {tree.meta.tree_id or '?'} has nodes on no root-to-leaf path; rebuild it "
                           "(CallTree.validate names the broken invariant)")
     return parts
 
@@ -141,7 +141,7 @@ def plan_packs(trees: Sequence[CallTree], max_tokens: int | None) -> list[list[T
     if max_tokens is None:
         return [[whole_part(t, k)] for k, t in enumerate(trees)]
     if max_tokens <= 0:
-        raise PolicyError(f"max_pack_tokens must be positive, got {max_tokens}")
+        raise ConfigError(f"max_pack_tokens must be positive, got {max_tokens}")
     bins: list[list[TreePart]] = []
     size = 0
     for k, tree in enumerate(trees):

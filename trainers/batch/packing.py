@@ -51,7 +51,7 @@ from collections.abc import Sequence
 import torch
 
 from clawgym_env.capture.tree import CallTree
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError
 from trainers.batch.pack_split import TreePart, tree_tokens, whole_part
 
 __all__ = ["MASK_FORMS", "PackedTree", "TreePart", "bin_by_tokens", "inexact_nodes", "inexact_token_mask",
@@ -145,7 +145,7 @@ class PackedTree:
             return out.masked_fill_(m, torch.finfo(dtype).min)[None, None]
         if form == "block":
             return self.block_mask()
-        raise PolicyError(f"unknown mask form {form!r}; use one of {MASK_FORMS}")
+        raise ConfigError(f"unknown mask form {form!r}; use one of {MASK_FORMS}")
 
     def block_mask(self, block_size: int = 128):
         """A FlexAttention ``BlockMask`` of the tree mask (for ``attn_implementation="flex_attention"``)."""
@@ -190,7 +190,7 @@ class PackedTree:
                                                                          self.node_ids.tolist()))}
         k = self._node_index.get((int(tree_index), int(node_id)))
         if k is None and required:
-            raise PolicyError(f"node {node_id} of packed tree {tree_index} is not in this pack")
+            raise ConfigError(f"node {node_id} of packed tree {tree_index} is not in this pack")
         return -1 if k is None else k
 
     def to(self, device) -> PackedTree:
@@ -211,7 +211,7 @@ def _preorder(tree: CallTree) -> list[int]:
         order.append(nid)
         stack.extend(reversed(tree.nodes[nid].children))
     if len(order) != len(tree.nodes):
-        raise PolicyError(f"tree has {len(tree.nodes)} nodes but only {len(order)} are reachable from its roots; "
+        raise ConfigError(f"tree has {len(tree.nodes)} nodes but only {len(order)} are reachable from its roots; "
                           "rebuild it (CallTree.validate names the broken invariant)")
     return order
 
@@ -226,7 +226,7 @@ def pack_trees(trees: CallTree | TreePart | Sequence[CallTree | TreePart],
     """
     items = [trees] if isinstance(trees, (CallTree, TreePart)) else list(trees)
     if not items:
-        raise PolicyError("pack_trees needs at least one tree")
+        raise ConfigError("pack_trees needs at least one tree")
     parts = [it if isinstance(it, TreePart) else whole_part(it) for it in items]
     ids: list[int] = []
     pos: list[int] = []
@@ -253,11 +253,11 @@ def pack_trees(trees: CallTree | TreePart | Sequence[CallTree | TreePart],
                 continue
             node = tree.nodes[nid]
             if not node.tokens or not (len(node.tokens) == len(node.sampled) == len(node.logprobs)):
-                raise PolicyError(f"node {nid} of tree {ti} has an empty segment or per-token lists of unequal "
+                raise ConfigError(f"node {nid} of tree {ti} has an empty segment or per-token lists of unequal "
                                   "length; the tree is malformed")
             p = node.parent
             if p is not None and p not in local:
-                raise PolicyError(f"part {part.index} of tree {ti} holds node {nid} but not its parent {p}; a part "
+                raise ConfigError(f"part {part.index} of tree {ti} holds node {nid} but not its parent {p}; a part "
                                   "must hold whole root-to-leaf paths (trainers.batch.pack_split.split_tree)")
             pk = local[p] if p is not None else -1
             d = depth[p] + len(tree.nodes[p].tokens) if p is not None else 0
@@ -338,7 +338,7 @@ def bin_by_tokens(trees: Sequence[CallTree], max_tokens: int | None) -> list[lis
     if max_tokens is None:
         return [[k] for k in range(len(trees))]
     if max_tokens <= 0:
-        raise PolicyError(f"max_tokens must be positive, got {max_tokens}")
+        raise ConfigError(f"max_tokens must be positive, got {max_tokens}")
     bins: list[list[int]] = []
     size = 0
     for k, t in enumerate(trees):

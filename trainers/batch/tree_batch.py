@@ -58,7 +58,7 @@ import torch
 from clawgym_env.capture.records import CallRecord
 from clawgym_env.capture.tree import CallTree
 from clawgym_env.capture.tree_meta import EpisodeSummary, TreeMeta
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError, PolicyError
 from trainers.batch.advantages import episode_own_tokens, node_episodes
 from trainers.batch.groups import (
     OVERLONG_MODES,
@@ -172,9 +172,9 @@ def build_pack(items: Sequence[PackItem], *, scale: float = 1.0, device: str | t
     on the part's owned tokens only, weighted with the whole tree's ``N_e`` (module docstring).
     """
     if loss_norm not in LOSS_NORMS:
-        raise PolicyError(f"loss_norm must be one of {LOSS_NORMS}, got {loss_norm!r}")
+        raise ConfigError(f"loss_norm must be one of {LOSS_NORMS}, got {loss_norm!r}")
     if loss_norm == "constant" and not (norm_constant and norm_constant > 0):
-        raise PolicyError("loss_norm='constant' needs a positive norm_constant (e.g. the max tokens per episode)")
+        raise ConfigError("loss_norm='constant' needs a positive norm_constant (e.g. the max tokens per episode)")
     packed = pack_trees([it.part or it.tree for it in items], device=device)
     rule = trainable_mask(packed)
     masked = int(scorable_mask(packed).sum()) - int(rule.sum())  # scorable, but only on inexact calls
@@ -195,7 +195,7 @@ def build_pack(items: Sequence[PackItem], *, scale: float = 1.0, device: str | t
         for node in tree.nodes:  # N_e over the WHOLE tree's trainable tokens
             for e in members[node.id]:
                 if e >= len(advs):
-                    raise PolicyError(f"tree {tree.meta.tree_id} has episode {e} but only {len(advs)} advantages")
+                    raise ConfigError(f"tree {tree.meta.tree_id} has episode {e} but only {len(advs)} advantages")
                 first.setdefault(e, node.id)
                 counts[e] += sum(f and o for f, o in zip(flags[node.id], own[node.id][e]))
         base = len(episodes)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError, PolicyError
 from trainers.batch.logprobs import packed_hidden_states
 from trainers.batch.packing import PackedTree
 
@@ -96,7 +96,7 @@ class Critic(nn.Module):
 
             path = Path(source).expanduser()
             if not (path / "config.json").exists():
-                raise PolicyError(f"value model {path} is not a model directory (no config.json)")
+                raise ConfigError(f"value model {path} is not a model directory (no config.json)")
             kw = {"dtype": dtype} if dtype is not None else {}
             try:
                 loaded = AutoModel.from_pretrained(str(path), attn_implementation="sdpa", **kw)
@@ -118,7 +118,7 @@ class Critic(nn.Module):
         if kind == "shared":
             return cls.on_policy(policy.causal_lm, init_std, seed)
         if kind != "separate":
-            raise PolicyError(f"critic kind must be one of {CRITIC_KINDS}, got {kind!r}")
+            raise ConfigError(f"critic kind must be one of {CRITIC_KINDS}, got {kind!r}")
         if value_model:
             critic = cls.separate(value_model, init_std, seed).to(policy.device)
         else:
@@ -152,10 +152,10 @@ class Critic(nn.Module):
         one runs its own trunk (``hidden`` must then be None)."""
         if self.trunk is None:
             if hidden is None:
-                raise PolicyError("a shared critic reads the policy's hidden states: pass hidden=")
+                raise ConfigError("a shared critic reads the policy's hidden states: pass hidden=")
         else:
             if hidden is not None:
-                raise PolicyError("a separate critic runs its own trunk; do not pass the policy's hidden states")
+                raise ConfigError("a separate critic runs its own trunk; do not pass the policy's hidden states")
             hidden = packed_hidden_states(self.trunk, packed, mask_form)
         return self.values_from_hidden(hidden, packed, mask)
 
@@ -220,6 +220,6 @@ def scatter_node_lists(packed: PackedTree, per_tree: list[list[list[float]]],
     for k, (ti, nid) in enumerate(zip(packed.node_tree.tolist(), packed.node_ids.tolist())):
         row = per_tree[ti][nid]
         if len(row) != offs[k + 1] - offs[k]:
-            raise PolicyError(f"node {nid} of tree {ti} has {offs[k + 1] - offs[k]} tokens but {len(row)} entries")
+            raise ConfigError(f"node {nid} of tree {ti} has {offs[k + 1] - offs[k]} tokens but {len(row)} entries")
         flat[offs[k]:offs[k + 1]] = row
     return torch.tensor(flat, dtype=dtype, device=packed.input_ids.device)

@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from clawgym_env.capture.records import CallRecord
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError, PolicyError
 from trainers.batch.tree_batch import EpisodePair, Group, as_episode, group_key, make_groups
 from trainers.metrics import MetricValue
 
@@ -76,11 +76,11 @@ class AsyncConfig:
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
-            raise PolicyError(f"async.max_staleness must be >= 0, got {self.max_staleness}")
+            raise ConfigError(f"async.max_staleness must be >= 0, got {self.max_staleness}")
         if self.stale not in STALE_MODES:
-            raise PolicyError(f"async.stale must be one of {STALE_MODES}, got {self.stale!r}")
+            raise ConfigError(f"async.stale must be one of {STALE_MODES}, got {self.stale!r}")
         if self.queue_steps is not None and not 0 <= self.queue_steps <= self.max_staleness:
-            raise PolicyError(f"async.queue_steps must be between 0 and max_staleness ({self.max_staleness}), "
+            raise ConfigError(f"async.queue_steps must be between 0 and max_staleness ({self.max_staleness}), "
                               f"got {self.queue_steps}; raise max_staleness to collect further ahead")
 
     @property
@@ -210,7 +210,7 @@ class RolloutAhead:
                  rerun: Callable[[list[GroupKey]], list[Any]] | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if config.stale == "regenerate" and rerun is None:
-            raise PolicyError("async.stale='regenerate' needs a rerun function that collects groups again")
+            raise ConfigError("async.stale='regenerate' needs a rerun function that collects groups again")
         self.collect = collect
         self.config = config
         self.start, self.stop = start, stop

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError, PolicyError
 from trainers.scale.weight_sync import (
     GatherOnlySync,
     InProcessSync,
@@ -161,7 +161,7 @@ def _sync_method(cfg: GenerationConfig, model_dir: Path) -> str:
     if cfg.sync == "auto":
         return "restart" if tied else "inplace"
     if tied and cfg.sync in ("inplace", "collective"):
-        raise PolicyError(f"generation.sync={cfg.sync} cannot update a model with tied input/output embeddings "
+        raise ConfigError(f"generation.sync={cfg.sync} cannot update a model with tied input/output embeddings "
                           "(vLLM 0.32 leaves the tied output embedding stale); use sync: restart (or auto)")
     return cfg.sync
 

@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError, PolicyError
 from trainers.policy import TINY_MODELS, PolicyConfig, TrainablePolicy, load_causal_lm
 from trainers.scale.checkpoint import load_checkpoint, resolve_checkpoint
 
@@ -65,13 +65,13 @@ def policy_config_of(state: dict[str, Any], path: Path) -> PolicyConfig:
 
 def _prepare_out(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
-        raise PolicyError(f"--out {out} is a file; choose a directory")
+        raise ConfigError(f"--out {out} is a file; choose a directory")
     if out.is_dir() and any(out.iterdir()):
         if not force:
-            raise PolicyError(f"--out {out} exists and is not empty; choose another directory, or pass --force to "
+            raise ConfigError(f"--out {out} exists and is not empty; choose another directory, or pass --force to "
                               "replace an earlier export there")
         if not (out / EXPORT_NOTE).is_file():
-            raise PolicyError(f"refusing to replace {out}: it is not an earlier export (no {EXPORT_NOTE}); "
+            raise ConfigError(f"refusing to replace {out}: it is not an earlier export (no {EXPORT_NOTE}); "
                               "choose another --out")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -84,7 +84,7 @@ def export_checkpoint(source: str | Path, out: str | Path, *, adapter: bool = Fa
     state = json.loads((path / "state.json").read_text())
     cfg = policy_config_of(state, path)
     if adapter and cfg.lora_rank <= 0:
-        raise PolicyError(f"--adapter exports LoRA adapters, but {path} trained all weights (policy.lora_rank 0); "
+        raise ConfigError(f"--adapter exports LoRA adapters, but {path} trained all weights (policy.lora_rank 0); "
                           "export it merged (drop --adapter)")
     out = Path(out)
     _prepare_out(out, force)

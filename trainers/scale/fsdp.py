@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError, PolicyError
 
 T = TypeVar("T")
 FORWARD_METHOD = "fsdp_scoring_forward"
@@ -63,9 +63,9 @@ class DistConfig:
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "nccl", "gloo"):
-            raise PolicyError(f"dist.backend must be auto, nccl or gloo, got {self.backend!r}")
+            raise ConfigError(f"dist.backend must be auto, nccl or gloo, got {self.backend!r}")
         if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION:
-            raise PolicyError(f"dist.mixed_precision must be one of {MIXED_PRECISION} or null, "
+            raise ConfigError(f"dist.mixed_precision must be one of {MIXED_PRECISION} or null, "
                               f"got {self.mixed_precision!r}")
 
 
@@ -116,7 +116,7 @@ def init_distributed(backend: str = "auto", timeout_s: float = 1800.0) -> DistIn
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         if not torch.cuda.is_available():
-            raise PolicyError("dist.backend nccl needs CUDA; use gloo (or auto) on a CPU machine")
+            raise ConfigError("dist.backend nccl needs CUDA; use gloo (or auto) on a CPU machine")
         torch.cuda.set_device(local)
     try:
         torch.distributed.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))

@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError, PolicyError
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +88,7 @@ class InProcessSync:
         from clawgym_env.policy.transformers_backend import TransformersPolicy
 
         if share and policy.lora:
-            raise PolicyError("share=True serves the training module itself, which needs full fine-tuning; "
+            raise ConfigError("share=True serves the training module itself, which needs full fine-tuning; "
                               "with LoRA use share=False (merged weights are copied)")
         model = policy.causal_lm if share else policy.serving_copy()
         serving = TransformersPolicy(model, policy.tokenizer, name=name)
@@ -201,9 +201,9 @@ class VLLMSync:
                  model: Any = None, tokenizer: Any = None, broadcaster: WeightBroadcaster | None = None,
                  keep: int = 2) -> None:
         if method not in SYNC_METHODS:
-            raise PolicyError(f"unknown weight sync method {method!r}; use one of {SYNC_METHODS}")
+            raise ConfigError(f"unknown weight sync method {method!r}; use one of {SYNC_METHODS}")
         if method == "collective" and broadcaster is None:
-            raise PolicyError("sync 'collective' needs a WeightBroadcaster (open_generation builds it)")
+            raise ConfigError("sync 'collective' needs a WeightBroadcaster (open_generation builds it)")
         self.serving = serving
         self.servers = servers
         self.method = method
