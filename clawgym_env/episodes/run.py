@@ -35,9 +35,8 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from clawgym_env.capture.call_kinds import classify_calls
 from clawgym_env.capture.records import CallRecord, EpisodeRecord, WorkspaceChange, write_jsonl, write_record
@@ -50,7 +49,7 @@ from clawgym_env.episodes.stages import (
     WorkspaceStage,
     assemble_record,
 )
-from clawgym_env.errors import ClawGymError, SandboxError, TaskError
+from clawgym_env.errors import ClawGymError, ConfigError, SandboxError, TaskError
 from clawgym_env.failures import (
     Verdict,
     classify_run,
@@ -82,12 +81,27 @@ MAX_CHANGES = 2000  # workspace changes listed in a record (an agent may create 
 NETWORK_TRACE = "/tmp/.clawgym-network-trace"
 
 
-@dataclass
-class EpisodeResult:
-    """The episode's record plus its captured calls (also written to ``record.calls_path``)."""
+class EpisodeResult(NamedTuple):
+    """The episode's record plus its captured calls (also written to ``record.calls_path``).
+
+    The one shape in which an episode reaches the trainers: it is the ``(record, calls)`` pair they
+    unpack (``rec, calls = result``), named. A shape that is not one converts where it is produced:
+    :meth:`from_info` for a gym step's ``info``."""
 
     record: EpisodeRecord
     calls: list[CallRecord]
+
+    @classmethod
+    def from_info(cls, info: Mapping[str, Any]) -> EpisodeResult:
+        """The episode a :class:`~clawgym_env.envs.env.ClawGymEnv` step's ``info`` describes (its ``episode``
+        record and its ``calls``, as JSON or as records). Raises :class:`ConfigError` naming what is missing."""
+        if not isinstance(info, Mapping) or "episode" not in info or "calls" not in info:
+            keys = sorted(info) if isinstance(info, Mapping) else type(info).__name__
+            raise ConfigError(f"EpisodeResult.from_info needs an env step's info with 'episode' and 'calls', "
+                              f"got {keys}")
+        rec = info["episode"]
+        return cls(rec if isinstance(rec, EpisodeRecord) else EpisodeRecord.model_validate(rec),
+                   [c if isinstance(c, CallRecord) else CallRecord.model_validate(c) for c in info["calls"]])
 
 
 def _snapshot(root: Path) -> dict[str, Entry]:

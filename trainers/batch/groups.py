@@ -17,28 +17,38 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from clawgym_env.capture.records import CallRecord, EpisodeRecord
 from clawgym_env.capture.tree import CallTree
+from clawgym_env.episodes.run import EpisodeResult
 from clawgym_env.errors import PolicyError
 from trainers.batch.advantages import group_advantages, is_constant
 from trainers.batch.clean import CleanConfig, CleanStats, clean_rollouts
 
 EpisodePair = tuple[EpisodeRecord, list[CallRecord]]
+"""An episode as the trainers take it: its record and its calls. The engine's
+:class:`~clawgym_env.episodes.run.EpisodeResult` is this pair, named (it unpacks as one)."""
 
 
-def as_episode(item: Any) -> EpisodePair:
-    """An ``EpisodeResult``, a ``(record, calls)`` pair or a dict with both → ``(record, calls)``."""
-    if isinstance(item, tuple) and len(item) == 2:
-        return item[0], list(item[1])
-    if hasattr(item, "record") and hasattr(item, "calls"):
-        return item.record, list(item.calls)
-    if isinstance(item, dict) and "episode" in item and "calls" in item:  # an env step's info
-        return (EpisodeRecord.model_validate(item["episode"]),
-                [c if isinstance(c, CallRecord) else CallRecord.model_validate(c) for c in item["calls"]])
-    raise PolicyError(f"cannot read an episode from {type(item).__name__}; pass EpisodeResult or (record, calls)")
+def as_episode(item: EpisodeResult | EpisodePair) -> EpisodeResult:
+    """The one episode shape into the trainers: an ``EpisodeResult`` (or the plain ``(record, calls)`` pair it
+    names) → an ``EpisodeResult`` with its own list of calls.
+
+    Anything else is a ``TypeError`` naming the conversion: a gym step's ``info`` goes through
+    ``EpisodeResult.from_info(info)``, a record alone through ``EpisodeResult(record, calls)``."""
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], EpisodeRecord) \
+            and isinstance(item[1], (list, tuple)):
+        return EpisodeResult(item[0], list(item[1]))
+    if isinstance(item, Mapping) and "episode" in item and "calls" in item:
+        raise TypeError("an env step's info is not an episode: convert it with EpisodeResult.from_info(info) "
+                        "(clawgym_env.EpisodeResult) before handing it to the trainers")
+    if isinstance(item, EpisodeRecord):
+        raise TypeError(f"episode {item.episode_id}: a record alone has no calls to train on; pass "
+                        "EpisodeResult(record, calls) (its calls: clawgym_env.capture.records.read_calls("
+                        "record.calls_path))")
+    raise TypeError(f"cannot read an episode from {type(item).__name__}: pass an EpisodeResult "
+                    "(clawgym_env.EpisodeResult; an env step's info converts with EpisodeResult.from_info(info))")
 
 
 def group_key(record: EpisodeRecord) -> tuple[str, str, str]:
@@ -85,7 +95,7 @@ def is_overlong(calls: Sequence[CallRecord]) -> bool:
     return any(c.finish_reason == "length" for c in calls)
 
 
-def make_groups(results: Iterable[Any], *, normalize_std: bool = True, overlong: str = "keep",
+def make_groups(results: Iterable[EpisodeResult | EpisodePair], *, normalize_std: bool = True, overlong: str = "keep",
                 overlong_penalty: float = 0.0, clean: CleanConfig | None = None) -> list[Group]:
     """Bucket rollouts into groups (first-seen order), drop infra failures, clean, score advantages, build trees.
 
