@@ -3,24 +3,20 @@
 :func:`~clawgym_env.episodes.run.run_episode` runs an episode as a sequence of stages, each a function
 returning one frozen result here:
 
-==================  =========================================================================================
-stage               what it holds
-==================  =========================================================================================
-:class:`EpisodeIds`     who ran what: the record's identity (episode, task, suite, harness, policy, sampling)
-:class:`SandboxStage`   the sandbox and the harness process in it: the raw run (None when it never returned),
-                        start and run times, resources, limits hit, the network trace, a sandbox or launch
-                        failure
-:class:`ProxyStage`     the episode's calls as the proxy served them (labelled), where they are written, the
-                        proxy's failures and whether it was still running
-:class:`HarnessStage`   what the harness said: final message, transcript, exit code, output tails, and the
-                        verdict on its run (:func:`~clawgym_env.failures.classify_run`)
-:class:`WorkspaceStage` what the agent changed: the workspace changes and the task inputs it modified
-:class:`GradeStage`     the grade: reward, subscores, reason, the grader's logs and the verdict after grading
-==================  =========================================================================================
+  * :class:`EpisodeIds`: who ran what, the record's identity (episode, task, suite, harness, policy,
+    sampling, policy version);
+  * :class:`SandboxStage`: the sandbox and the harness process in it: the raw run (None when it never
+    returned), start and run times, resources, limits hit, the network trace, a sandbox or launch failure;
+  * :class:`ProxyStage`: the episode's calls as the proxy served them (labelled), where they are written,
+    the proxy's failures and whether it was still running;
+  * :class:`HarnessStage`: what the harness said (final message, transcript, exit code, output tails) and
+    the verdict on its run (:func:`~clawgym_env.failures.classify_run`);
+  * :class:`WorkspaceStage`: what the agent changed: the workspace changes and the task inputs it modified;
+  * :class:`GradeStage`: the grade (reward, subscores, reason, the grader's logs) and the verdict after it.
 
 :func:`assemble_record` builds the :class:`~clawgym_env.capture.records.EpisodeRecord` once, from the
 stages that ran. Invariants:
-  * the record is the same, field for field and key for key, as the one the episode always wrote:
+  * the record's keys keep one order (``tests/data/episode_records.json`` pins it for every path):
     ``logs`` in stage order (``stdout``, ``stderr``, ``network_trace``, ``workspace_changes``,
     ``workspace_changes_error``, ``inputs_modified_error``, ``grader_notes``, ``reward_stdout``,
     ``reward_stderr``), ``timings`` in stage order (``sandbox_start_s``, ``harness_s``, ``reward_s``,
