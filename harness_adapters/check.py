@@ -275,9 +275,10 @@ def probe_task(spec: Task | str | Path) -> Task:
 
 
 def check_harness(harness: str, *, task: Task | str | Path = DEFAULT_PROBE_TASK, policy: str = "scripted:expert",
-                  sandbox: str = "bwrap", out_dir: str | None = None, **adapter_options: Any) -> ConformanceReport:
+                  sandbox: str = "bwrap", out_dir: str | None = None, **adapter_options: object) -> ConformanceReport:
     """Install (if needed) and probe ``harness`` with one episode on ``task`` (see :func:`probe_task`);
-    return the report."""
+    return the report. ``adapter_options`` are the harness adapter's own keywords (see
+    :func:`~clawgym_env.plugins.make_harness`)."""
     from clawgym_env.envs.runtime import Runtime
 
     probe = probe_task(task)

@@ -8,7 +8,6 @@ neither torch nor a model.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
@@ -26,7 +25,7 @@ policies: Registry[PolicyBackend] = Registry("policy", "clawgym.policies", built
     "vllm": "clawgym_env.policy.factories:vllm",
     "remote": "clawgym_env.policy.remote:from_spec"})
 """Policy factories by spec scheme, also :data:`clawgym_env.plugins.policies`: ``SCHEME[:REST]`` calls factory
-``(REST, **kwargs) -> PolicyBackend``."""
+``(REST, **options) -> PolicyBackend`` (its own keywords)."""
 
 POLICY_SPECS = (
     "scripted:expert | scripted:wrong | scripted:noop | scripted:file:PATH  (scripted policies)",
@@ -39,8 +38,9 @@ POLICY_SPECS = (
 )
 
 
-def make_policy(spec: str, **kwargs: Any) -> PolicyBackend:
-    """Build a policy from ``spec`` (see :data:`POLICY_SPECS`); ``kwargs`` go to the backend.
+def make_policy(spec: str, **options: object) -> PolicyBackend:
+    """Build a policy from ``spec`` (see :data:`POLICY_SPECS`); ``options`` are that backend's own keywords
+    (each factory names its own, e.g. :func:`clawgym_env.policy.factories.tiny`), passed through unchanged.
 
     The spec's scheme (``SCHEME:REST``) names a factory in :data:`clawgym_env.plugins.policies`
     (built-ins: :mod:`clawgym_env.policy.factories`; plugins add theirs as entry points of group
@@ -57,4 +57,4 @@ def make_policy(spec: str, **kwargs: Any) -> PolicyBackend:
     if not scheme or scheme not in policies:
         hint = str(policies.unknown(scheme or spec, "policy"))
         raise PolicyError(f"{hint}; accepted forms: " + "; ".join(POLICY_SPECS))
-    return policies.load(scheme)(rest, **kwargs)
+    return policies.load(scheme)(rest, **options)

@@ -328,9 +328,11 @@ class RemotePolicy(PolicyBackend):
         self._client.close()
 
 
-def from_spec(rest: str, **kwargs: Any) -> PolicyBackend:
-    """``remote:http://HOST:PORT``: a :class:`RemotePolicy` (``token`` kwarg, else ``$CLAWGYM_REMOTE_POLICY_TOKEN``;
-    other kwargs: ``tokenizer``, ``timeout_s``, ``retries``, ``backoff_s``, ``check``)."""
+def from_spec(rest: str, *, token: str | None = None, tokenizer: object = None, timeout_s: float = 600.0,
+              retries: int = 3, backoff_s: float = 0.5, check: bool = True) -> PolicyBackend:
+    """``remote:http://HOST:PORT``: a :class:`RemotePolicy` (``token``, else ``$CLAWGYM_REMOTE_POLICY_TOKEN``;
+    the other keywords are the constructor's)."""
     if not rest:
         raise PolicyError("policy 'remote' needs the server's URL: remote:http://HOST:PORT")
-    return RemotePolicy(rest, **kwargs)
+    return RemotePolicy(rest, token, tokenizer=tokenizer, timeout_s=timeout_s, retries=retries,
+                        backoff_s=backoff_s, check=check)

@@ -149,13 +149,15 @@ class TransformersPolicy(PolicyBackend):
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, device: str | None = None, dtype: Any = None,
-                        tokenizer=None, **kwargs: Any) -> TransformersPolicy:
+    def from_pretrained(cls, model_dir: str | Path, device: str | None = None, dtype: object = None,
+                        tokenizer: object = None, *, name: str | None = None,
+                        stop_token_ids: Iterable[int] | None = None) -> TransformersPolicy:
         """Load a model directory (``config.json`` + weights). The tokenizer comes from the same
         directory when it holds one, else the project's default Qwen3 tokenizer.
 
         ``device``: ``None`` → ``cuda`` when available, else ``cpu``. ``dtype``: ``None`` →
-        float32 on CPU, the checkpoint's own dtype elsewhere; or a ``torch.dtype``/name.
+        float32 on CPU, the checkpoint's own dtype elsewhere; or a ``torch.dtype``/name. ``name`` (default:
+        the folder's name) and ``stop_token_ids`` go to the constructor.
         """
         torch = _torch()
         from clawgym_env.policy.tokenizer import load_tokenizer
@@ -177,7 +179,7 @@ class TransformersPolicy(PolicyBackend):
             model = AutoModelForCausalLM.from_pretrained(str(path), **{dtype_kw: torch_dtype})
         except Exception as exc:  # noqa: BLE001 - re-raised with the path
             raise PolicyError(f"could not load a causal LM from {path}: {exc}") from exc
-        return cls(model, tokenizer, device=device, name=kwargs.pop("name", None) or path.name, **kwargs)
+        return cls(model, tokenizer, device=device, name=name or path.name, stop_token_ids=stop_token_ids)
 
     # -- PolicyBackend -------------------------------------------------------------------------
     @property

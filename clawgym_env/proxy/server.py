@@ -57,7 +57,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import uvicorn
 
@@ -80,9 +80,33 @@ from clawgym_env.proxy.sessions import EpisodeSession, Limits, SessionRegistry
 from clawgym_env.proxy.turn import INLINE_BODY_BYTES, warm_up
 from clawgym_env.task import Task
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 log = logging.getLogger("clawgym.proxy")
 LOOPS = ("auto", "uvloop", "asyncio")
 """event loops the proxy runs on (``auto``: ``uvloop`` when importable, as uvicorn picks it)"""
+
+
+class ProxyServerOptions(TypedDict, total=False):
+    """The keyword-only options of :class:`ProxyServer` (what :func:`serve_proxy` passes through)."""
+
+    max_context_tokens: int
+    default_max_tokens: int
+    model_name: str | None
+    workers: int
+    bounds: ProxyLimits | None
+    graceful_s: float
+    log_level: str
+    max_prompt_chars: int
+    max_json_depth: int
+    read_timeout_s: float
+    idle_timeout_s: float
+    keepalive_s: float
+    drain_s: float
+    http: str
+    loop: str
+    inline_bytes: int
 
 
 class ProxyServer:
@@ -307,11 +331,13 @@ def serve_proxy(policy: PolicyBackend, host: str = "127.0.0.1", port: int = 8000
                 uds: str | Path | None = None, episode_id: str | None = None, task: Task | None = None,
                 harness: str | None = None, sampling: SamplingOverrides | Mapping[str, Any] | None = None,
                 calls_out: str | Path | None = None, announce: Callable[[str], Any] = print,
-                stop_event: threading.Event | None = None, **server_kwargs: Any) -> list[CallRecord]:
+                stop_event: threading.Event | None = None,
+                **server_options: Unpack[ProxyServerOptions]) -> list[CallRecord]:
     """Serve in the foreground with one open episode until SIGINT/SIGTERM (or ``stop_event``).
 
     Announces the episode's base URL; returns its calls and streams them as JSONL (0600) to ``calls_out``
-    if given. ``server_kwargs`` go to :class:`ProxyServer` (``max_context_tokens``, ``model_name``...).
+    if given. ``server_options`` go to :class:`ProxyServer` (:class:`ProxyServerOptions`: ``max_context_tokens``,
+    ``model_name``, ``bounds``...).
     Signal handlers are installed only when called from the main thread (and restored after).
     """
     stop = stop_event or threading.Event()
@@ -320,7 +346,7 @@ def serve_proxy(policy: PolicyBackend, host: str = "127.0.0.1", port: int = 8000
         for sig in (signal.SIGINT, signal.SIGTERM):
             restore[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
-        with ProxyServer(policy, host, port, uds, **server_kwargs) as server:
+        with ProxyServer(policy, host, port, uds, **server_options) as server:
             session = server.open_episode(episode_id, task=task, harness=harness, sampling=sampling,
                                           calls_path=calls_out)
             announce(f"clawgym proxy: policy {policy.name!r}; OpenAI base URL {session.base_url(server.url)} "

@@ -102,9 +102,10 @@ class EchoScriptPolicy(PolicyBackend):
                           policy_version=self.version)
 
 
-def echo_policy(rest: str = "", **kwargs: Any) -> EchoScriptPolicy:
+def echo_policy(rest: str = "", *, tokenizer: object = None, reply: str | None = None,
+                reasoning: str | None = None, tool_args: dict[str, Any] | None = None,
+                delay_s: float = 0.0) -> EchoScriptPolicy:
     """A policy-registry factory: ``echo`` builds an :class:`EchoScriptPolicy`, ``echo:TEXT`` one
-    that always answers ``TEXT``; ``kwargs`` go to the constructor."""
-    if rest:
-        kwargs.setdefault("reply", rest)
-    return EchoScriptPolicy(**kwargs)
+    that always answers ``TEXT`` (an explicit ``reply`` wins); the keywords are the constructor's."""
+    return EchoScriptPolicy(tokenizer, reply=reply if reply is not None else (rest or None), reasoning=reasoning,
+                            tool_args=tool_args, delay_s=delay_s)

@@ -107,7 +107,8 @@ def echo_suite(root: str | Path | None = None, specs: Sequence[EchoTaskSpec] = E
     return Suite(name=SUITE_NAME, root=folder, tasks=[_write_task(folder, s, limits) for s in specs])
 
 
-def load_echo_suite(spec: str = SUITE_NAME, data: str | Path | None = None, **options: Any) -> Suite:
-    """A suite-registry loader: the default echo suite, written under ``data`` (or a temporary folder).
-    ``options`` go to :func:`echo_suite` (``specs``, ``limits``)."""
-    return echo_suite(data, **options)
+def load_echo_suite(spec: str = SUITE_NAME, data: str | Path | None = None, *,
+                    specs: Sequence[EchoTaskSpec] = ECHO_TASKS, limits: TaskLimits | None = None) -> Suite:
+    """A suite-registry loader: the default echo suite, written under ``data`` (or a temporary folder);
+    ``specs`` and ``limits`` as :func:`echo_suite`'s."""
+    return echo_suite(data, specs, limits=limits)

@@ -55,11 +55,15 @@ import time
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.vllm.backend import VLLMPolicy
+from clawgym_env.policy.vllm.options import VLLMPolicyOptions
 from clawgym_env.policy.vllm.weights import model_config, reload_inplace, ties_embeddings
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 VENV_ENV = "CLAWGYM_VLLM_VENV"
 SETUP_HINT = "build it with: bash scripts/vllm_env.sh"
@@ -350,10 +354,11 @@ class VLLMServer:
             self.model_dir = new
             return method
 
-    def policy(self, **kwargs: Any):
-        """A :class:`VLLMPolicy` bound to this server (so ``sync_weights`` reloads it)."""
-        kwargs.setdefault("vocab_size", self.vocab_size())
-        return VLLMPolicy(self.url, model=self.served_model_name, server=self, **kwargs)
+    def policy(self, **options: Unpack[VLLMPolicyOptions]) -> VLLMPolicy:
+        """A :class:`VLLMPolicy` bound to this server (so ``sync_weights`` reloads it); ``options``:
+        :class:`~clawgym_env.policy.vllm.options.VLLMPolicyOptions` (``vocab_size`` defaults to the server's)."""
+        options.setdefault("vocab_size", self.vocab_size())
+        return VLLMPolicy(self.url, model=self.served_model_name, server=self, **options)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the server log (route listings left out)."""
