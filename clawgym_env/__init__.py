@@ -27,37 +27,55 @@ from typing import TYPE_CHECKING, Any
 
 from clawgym_env.registration import register_all as _register_all
 
-if TYPE_CHECKING:
-    from clawgym_env import plugins, testing
-    from clawgym_env.capture.records import CallRecord, EpisodeRecord, EpisodeStatus, WorkspaceChange
-    from clawgym_env.capture.tree import CallTree
-    from clawgym_env.capture.tree_io import read_jsonl as read_trees_jsonl
-    from clawgym_env.capture.tree_io import to_jsonl as write_trees_jsonl
-    from clawgym_env.capture.tree_meta import TreeMeta
-    from clawgym_env.envs.env import ClawGymEnv
-    from clawgym_env.envs.runtime import RolloutPool, Runtime
-    from clawgym_env.episodes.run import EpisodeResult, run_episode
-    from clawgym_env.errors import (
-        ClawGymError,
-        CopyLimitError,
-        HarnessError,
-        PolicyError,
-        ProxyError,
-        RegistrationError,
-        SandboxError,
-        TaskError,
-        WorkspaceError,
-    )
-    from clawgym_env.grading.grade import GradeContext, Grader, GradeResult, grade_episode
-    from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
-    from clawgym_env.plugins import load_suite, make_harness
-    from clawgym_env.policy import Generation, GenerationContext, PolicyBackend, SamplingParams, make_policy
-    from clawgym_env.policy.base import SamplingOverrides
-    from clawgym_env.policy.tokenizer import load_tokenizer
-    from clawgym_env.policy.transformers_backend import TransformersPolicy
-    from clawgym_env.proxy.server import ProxyServer
-    from clawgym_env.registration import ENV_IDS
-    from clawgym_env.task import Suite, Task, TaskLimits, TaskLoadIssue
+if TYPE_CHECKING:  # the same names for type checkers (``X as X``: re-exported); tests check they agree
+    from clawgym_env import plugins as plugins
+    from clawgym_env import testing as testing
+    from clawgym_env.capture.records import CallRecord as CallRecord
+    from clawgym_env.capture.records import EpisodeRecord as EpisodeRecord
+    from clawgym_env.capture.records import EpisodeStatus as EpisodeStatus
+    from clawgym_env.capture.records import WorkspaceChange as WorkspaceChange
+    from clawgym_env.capture.tree import CallTree as CallTree
+    from clawgym_env.capture.tree_io import read_jsonl as read_trees_jsonl  # noqa: F401 - exported under this name
+    from clawgym_env.capture.tree_io import to_jsonl as write_trees_jsonl  # noqa: F401 - exported under this name
+    from clawgym_env.capture.tree_meta import TreeMeta as TreeMeta
+    from clawgym_env.envs.env import ClawGymEnv as ClawGymEnv
+    from clawgym_env.envs.runtime import RolloutPool as RolloutPool
+    from clawgym_env.envs.runtime import Runtime as Runtime
+    from clawgym_env.episodes.run import EpisodeResult as EpisodeResult
+    from clawgym_env.episodes.run import run_episode as run_episode
+    from clawgym_env.errors import ClawGymError as ClawGymError
+    from clawgym_env.errors import CopyLimitError as CopyLimitError
+    from clawgym_env.errors import HarnessError as HarnessError
+    from clawgym_env.errors import PolicyError as PolicyError
+    from clawgym_env.errors import ProxyError as ProxyError
+    from clawgym_env.errors import RegistrationError as RegistrationError
+    from clawgym_env.errors import SandboxError as SandboxError
+    from clawgym_env.errors import TaskError as TaskError
+    from clawgym_env.errors import WorkspaceError as WorkspaceError
+    from clawgym_env.grading.grade import GradeContext as GradeContext
+    from clawgym_env.grading.grade import Grader as Grader
+    from clawgym_env.grading.grade import GradeResult as GradeResult
+    from clawgym_env.grading.grade import grade_episode as grade_episode
+    from clawgym_env.harness import Endpoint as Endpoint
+    from clawgym_env.harness import HarnessAdapter as HarnessAdapter
+    from clawgym_env.harness import HarnessOutput as HarnessOutput
+    from clawgym_env.harness import LaunchSpec as LaunchSpec
+    from clawgym_env.plugins import load_suite as load_suite
+    from clawgym_env.plugins import make_harness as make_harness
+    from clawgym_env.policy import Generation as Generation
+    from clawgym_env.policy import GenerationContext as GenerationContext
+    from clawgym_env.policy import PolicyBackend as PolicyBackend
+    from clawgym_env.policy import SamplingParams as SamplingParams
+    from clawgym_env.policy import make_policy as make_policy
+    from clawgym_env.policy.base import SamplingOverrides as SamplingOverrides
+    from clawgym_env.policy.tokenizer import load_tokenizer as load_tokenizer
+    from clawgym_env.policy.transformers_backend import TransformersPolicy as TransformersPolicy
+    from clawgym_env.proxy.server import ProxyServer as ProxyServer
+    from clawgym_env.registration import ENV_IDS as ENV_IDS
+    from clawgym_env.task import Suite as Suite
+    from clawgym_env.task import Task as Task
+    from clawgym_env.task import TaskLimits as TaskLimits
+    from clawgym_env.task import TaskLoadIssue as TaskLoadIssue
 
 __version__ = "0.1.0"
 
@@ -101,15 +119,9 @@ _EXPORTS: dict[str, str] = {
         "RegistrationError", "WorkspaceError", "CopyLimitError")},
 }
 
-__all__ = [
-    "CallRecord", "CallTree", "ClawGymEnv", "ClawGymError", "CopyLimitError", "ENV_IDS", "Endpoint", "EpisodeRecord",
-    "EpisodeResult", "EpisodeStatus", "Generation", "GenerationContext", "GradeContext", "GradeResult", "Grader",
-    "HarnessAdapter", "HarnessError", "HarnessOutput", "LaunchSpec", "PolicyBackend", "PolicyError", "ProxyError",
-    "ProxyServer", "RegistrationError", "RolloutPool", "Runtime", "SamplingOverrides", "SamplingParams",
-    "SandboxError", "Suite", "Task", "TaskError", "TaskLimits", "TaskLoadIssue", "TransformersPolicy", "TreeMeta",
-    "WorkspaceChange", "WorkspaceError", "grade_episode", "load_suite", "load_tokenizer", "make_harness",
-    "make_policy", "plugins", "read_trees_jsonl", "run_episode", "testing", "write_trees_jsonl",
-]
+__all__ = sorted(_EXPORTS)
+"""The public names: the keys of ``_EXPORTS`` (the ``TYPE_CHECKING`` imports above name the same objects for
+type checkers; a test checks that the two agree)."""
 
 
 def __getattr__(name: str) -> Any:
