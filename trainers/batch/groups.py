@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from clawgym_env.capture.records import CallRecord, EpisodeRecord
 from clawgym_env.capture.tree import CallTree
 from clawgym_env.episodes.run import EpisodeResult
-from clawgym_env.errors import PolicyError
+from clawgym_env.errors import ConfigError
 from trainers.batch.advantages import group_advantages, is_constant
 from trainers.batch.clean import CleanConfig, CleanStats, clean_rollouts
 
@@ -108,7 +108,7 @@ def make_groups(results: Iterable[EpisodeResult | EpisodePair], *, normalize_std
     so a cut-off answer is neither reinforced nor punished for being cut.
     """
     if overlong not in OVERLONG_MODES:
-        raise PolicyError(f"overlong must be one of {OVERLONG_MODES}, got {overlong!r}")
+        raise ConfigError(f"overlong must be one of {OVERLONG_MODES}, got {overlong!r}")
     buckets: dict[tuple[str, str, str], list[EpisodePair]] = {}
     infra: dict[tuple[str, str, str], int] = defaultdict(int)
     for item in results:
