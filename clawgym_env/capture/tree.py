@@ -110,7 +110,7 @@ class _Seg:
 
     __slots__ = ("tokens", "sampled", "logprobs", "calls", "ends", "children", "index")
 
-    def __init__(self, tokens, sampled, logprobs) -> None:
+    def __init__(self, tokens: list[int], sampled: list[bool], logprobs: list[float | None]) -> None:
         self.tokens: list[int] = tokens
         self.sampled: list[bool] = sampled
         self.logprobs: list[float | None] = logprobs

@@ -60,11 +60,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from clawgym_env.capture.tree import CallTree, TreeNode
 from clawgym_env.capture.tree_meta import TreeMeta
 from clawgym_env.errors import ClawGymError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 FORMAT = "clawgym.call_tree"
 VERSION = 1
@@ -168,7 +172,7 @@ def write_records_jsonl(trees: Iterable[CallTree], path: str | Path) -> Path:
     return path
 
 
-def _pyarrow():
+def _pyarrow() -> tuple[ModuleType, ModuleType]:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -177,7 +181,7 @@ def _pyarrow():
     return pa, pq
 
 
-def arrow_schema():
+def arrow_schema() -> pa.Schema:
     """The node-record schema as a ``pyarrow.Schema``."""
     pa, _ = _pyarrow()
     ints = pa.list_(pa.int64())

@@ -16,11 +16,20 @@ with matplotlib (an optional dependency, imported only by :func:`render_png`).
 from __future__ import annotations
 
 import html
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from clawgym_env.capture.tree import CallTree, TreeNode
 from clawgym_env.errors import ClawGymError
+
+
+class Decoder(Protocol):
+    """What a rendering needs of a tokenizer: ``decode`` (a Hugging Face tokenizer is one)."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str:
+        """The text of ``token_ids``."""
+        ...
 
 EDGE_TOKENS = 6  # tokens decoded at each end of an abbreviated segment
 KIND_COLOURS = {"main": "#2b7a2b", "side": "#1f5fbf", "subagent": "#8a3fb0", "compaction": "#c07000",
@@ -68,13 +77,13 @@ def _ranges(ids: list[int]) -> str:
     return ",".join(parts)
 
 
-def _decode(tokens: list[int], tokenizer) -> str:
+def _decode(tokens: list[int], tokenizer: Decoder | None) -> str:
     if tokenizer is None:
         return " ".join(map(str, tokens))
     return tokenizer.decode(tokens, skip_special_tokens=False)
 
 
-def abbreviate(tokens: list[int], tokenizer=None, edge: int = EDGE_TOKENS) -> str:
+def abbreviate(tokens: list[int], tokenizer: Decoder | None = None, edge: int = EDGE_TOKENS) -> str:
     """The first and last ``edge`` tokens of a segment (all of it when short), newlines escaped."""
     if len(tokens) <= 2 * edge:
         return repr(_decode(tokens, tokenizer)) if tokenizer else _decode(tokens, None)
@@ -93,7 +102,7 @@ def _summary(n: TreeNode) -> str:
     return f"#{n.id} {len(n.tokens)} tok {sum(n.sampled)} sampled calls {_calls_label(n.calls)}"
 
 
-def _walk(tree: CallTree):
+def _walk(tree: CallTree) -> Iterator[tuple[TreeNode, str]]:
     """Yield ``(node, lead)`` in display order: ``lead`` is the outline prefix of the node's line.
 
     A single child continues its parent's chain at the same indentation; several children (or
@@ -114,7 +123,7 @@ def _walk(tree: CallTree):
         stack.extend(fan(node.children, cont)[::-1] if node.children else [])
 
 
-def render_text(tree: CallTree, tokenizer=None, width: int = 100, colour: bool = False) -> str:
+def render_text(tree: CallTree, tokenizer: Decoder | None = None, width: int = 100, colour: bool = False) -> str:
     """An outline, one line per node: id, kind, token count, sampled count, calls through it, the segment
     (``colour``: the kind tag in ANSI colours, for a terminal)."""
     st = tree.stats()
@@ -149,7 +158,7 @@ summary{cursor:pointer;font-size:11px;color:#06c}
 .branch{font-size:11px;color:#a00;margin-left:1.2em}"""
 
 
-def _runs(node: TreeNode, lo: int, hi: int):
+def _runs(node: TreeNode, lo: int, hi: int) -> Iterator[tuple[int, int, bool]]:
     """Maximal runs of equal ``sampled`` flag within ``[lo, hi)``."""
     i = lo
     while i < hi:
@@ -160,7 +169,7 @@ def _runs(node: TreeNode, lo: int, hi: int):
         i = j
 
 
-def _seg_html(node: TreeNode, lo: int, hi: int, tokenizer) -> str:
+def _seg_html(node: TreeNode, lo: int, hi: int, tokenizer: Decoder | None) -> str:
     out = []
     for i, j, samp in _runs(node, lo, hi):
         text = html.escape(_decode(node.tokens[i:j], tokenizer) + ("" if tokenizer else " "))
@@ -173,7 +182,7 @@ def _seg_html(node: TreeNode, lo: int, hi: int, tokenizer) -> str:
     return "".join(out)
 
 
-def _node_html(node: TreeNode, tokenizer, edge: int, kind: str = "main") -> str:
+def _node_html(node: TreeNode, tokenizer: Decoder | None, edge: int, kind: str = "main") -> str:
     hdr = f'<div class="hdr">[{kind}] {html.escape(_summary(node))}</div>'
     n = len(node.tokens)
     if n <= 4 * edge:
@@ -186,7 +195,7 @@ def _node_html(node: TreeNode, tokenizer, edge: int, kind: str = "main") -> str:
     return f'<div class="node" style="border-left-color:{KIND_COLOURS[kind]}">{hdr}{body}</div>'
 
 
-def _chain_html(tree: CallTree, start: int, tokenizer, edge: int) -> str:
+def _chain_html(tree: CallTree, start: int, tokenizer: Decoder | None, edge: int) -> str:
     """A box holding a chain from ``start`` and, nested inside it, one box per branch at its end."""
     parts, nid = [], start
     while True:
@@ -202,7 +211,7 @@ def _chain_html(tree: CallTree, start: int, tokenizer, edge: int) -> str:
     return '<div class="box">' + "".join(parts) + "</div>"
 
 
-def render_html(tree: CallTree, path: str | Path, tokenizer=None, edge: int = EDGE_TOKENS) -> Path:
+def render_html(tree: CallTree, path: str | Path, tokenizer: Decoder | None = None, edge: int = EDGE_TOKENS) -> Path:
     """Write a self-contained page: nested boxes per branch, sampled tokens highlighted."""
     text_head = render_text(tree, None, width=0).splitlines()[:2]
     body = "".join(_chain_html(tree, r, tokenizer, edge) for r in tree.roots)
@@ -224,7 +233,7 @@ ROW_UNITS = 28.0  # a path longer than this (in drawing units) wraps onto the ne
 GAP = 0.6
 
 
-def _layout(tree: CallTree, scale) -> tuple[dict[int, tuple[float, float, float]], int]:
+def _layout(tree: CallTree, scale: Callable[[int], float]) -> tuple[dict[int, tuple[float, float, float]], int]:
     """node → (x, width, y) and the number of bands.
 
     x runs along the sequence; each leaf owns a lane and a node sits in the lane of its first leaf;
@@ -345,7 +354,7 @@ def load_trees(path: str | Path) -> list[CallTree]:
     return [CallTree.from_calls(calls)]
 
 
-def show(path: str | Path, html_out: str | None = None, png_out: str | None = None, tokenizer=None,
+def show(path: str | Path, html_out: str | None = None, png_out: str | None = None, tokenizer: Decoder | None = None,
          width: int = 120, colour: bool = False) -> str:
     """Text of every tree in ``path`` (segments decoded by ``tokenizer`` when given, else shown as ids); writes the
     first tree's HTML/PNG when asked."""

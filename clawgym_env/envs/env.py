@@ -75,7 +75,8 @@ class ClawGymEnv(gym.Env):
         return {"task_id": cg_spaces.clean_text(task.full_id), "instruction": cg_spaces.clean_text(task.instruction),
                 "status": status, "final_message": final, "calls": calls}
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """Pick the next task (``options["task_id"]``, else by ``seed`` from the suite); returns its
         observation (no calls yet) and ``{"task": ...}``."""
         super().reset(seed=seed)
@@ -88,7 +89,7 @@ class ClawGymEnv(gym.Env):
         self.last_result = None
         return self._obs(self._task), {"task": self._task.model_dump(mode="json")}
 
-    def step(self, action: dict[str, Any] | None):
+    def step(self, action: dict[str, Any] | None) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Run one whole episode on the current task with ``action``'s sampling overrides; returns
         ``(observation, reward, terminated, truncated, info)``, ``truncated`` when the harness timed out."""
         if self._task is None:

@@ -142,7 +142,7 @@ class Runtime:
         self.proxy  # noqa: B018 - start eagerly inside the with
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

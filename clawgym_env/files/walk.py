@@ -15,6 +15,7 @@ import errno
 import hashlib
 import os
 import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,7 +111,7 @@ class DirStack:
             self.pop()
 
 
-def data_segments(fd: int, size: int):
+def data_segments(fd: int, size: int) -> Iterator[tuple[int, int]]:
     """(offset, length) of the data segments of an open regular file (holes skipped)."""
     pos = 0
     while pos < size:
@@ -130,7 +131,7 @@ def data_segments(fd: int, size: int):
         pos = end
 
 
-def stream_data(src_fd: int, size: int, sink) -> int:
+def stream_data(src_fd: int, size: int, sink: Callable[[int, bytes], object]) -> int:
     """Feed every data segment of ``src_fd`` to ``sink(offset, bytes)`` in chunks; returns bytes read."""
     total = 0
     for off, length in data_segments(src_fd, size):
@@ -297,7 +298,7 @@ def remove_tree(path: str | Path, *, one_file_system: bool = True) -> None:
     os.rmdir(path)
 
 
-def iter_entries(top: str | Path):
+def iter_entries(top: str | Path) -> Iterator[os.DirEntry[str]]:
     """Every entry under ``top`` as an :class:`os.DirEntry`, depth first, without recursion and
     without following links (an agent's 1,200-deep tree is fine); unreadable folders are skipped."""
     stack = [os.fspath(top)]

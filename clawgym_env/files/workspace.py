@@ -34,6 +34,7 @@ import os
 import stat
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -278,7 +279,7 @@ def _finish_dir(dfd: int, st: os.stat_result, report: CopyReport, rel: bytes, *,
 
 
 @contextlib.contextmanager
-def private_tempdir(prefix: str = "clawgym-", dir: str | Path | None = None):
+def private_tempdir(prefix: str = "clawgym-", dir: str | Path | None = None) -> Iterator[Path]:
     """A fresh 0700 temporary folder (a :class:`~pathlib.Path`), deleted on exit with
     :func:`remove_tree` — unlike :class:`tempfile.TemporaryDirectory`, whose cleanup recurses and
     dies on a 1,200-deep tree an agent left behind."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from clawgym_env.errors import ProxyError
 
 if TYPE_CHECKING:
+    from clawgym_env.policy.hf import Tokenizer
     from clawgym_env.task import Task
 
 
@@ -136,7 +137,7 @@ class PolicyBackend(abc.ABC):
 
     @property
     @abc.abstractmethod
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         """The (Qwen3) tokenizer whose ids this policy reads and writes."""
 
     @abc.abstractmethod

@@ -15,7 +15,10 @@ import json
 import re
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clawgym_env.policy.hf import Tokenizer
 
 IM_END = "<|im_end|>"
 END_OF_TEXT = "<|endoftext|>"
@@ -71,7 +74,7 @@ def normalize_messages(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any
     return out
 
 
-def render_prompt_text(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+def render_prompt_text(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                        enable_thinking: bool | None = None) -> str:
     """The prompt text the tokenizer's chat template renders, ending with the assistant generation prompt."""
     kwargs: dict[str, Any] = {}
@@ -81,7 +84,7 @@ def render_prompt_text(tokenizer, messages: list[dict[str, Any]], tools: list[di
                                          add_generation_prompt=True, tokenize=False, **kwargs)
 
 
-def render_prompt_ids(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+def render_prompt_ids(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                       enable_thinking: bool | None = None) -> list[int]:
     """Prompt token ids for a chat request, ending with the assistant generation prompt."""
     text = render_prompt_text(tokenizer, messages, tools, enable_thinking)

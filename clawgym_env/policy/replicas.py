@@ -32,10 +32,13 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
+
+if TYPE_CHECKING:
+    from clawgym_env.policy.hf import Tokenizer
 
 HITS_METRIC = "vllm:prefix_cache_hits_total"
 QUERIES_METRIC = "vllm:prefix_cache_queries_total"
@@ -173,7 +176,7 @@ class ReplicaPolicy(PolicyBackend):
         return self.gate.version
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         """The replicas' tokenizer (the first one's; all serve the same model)."""
         return self.replicas[0].tokenizer
 

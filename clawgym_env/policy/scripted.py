@@ -29,12 +29,15 @@ import posixpath
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
 from clawgym_env.policy.chat_format import assistant_text
 from clawgym_env.task import Task
+
+if TYPE_CHECKING:
+    from clawgym_env.policy.hf import Tokenizer
 
 NOOP_ANSWER = "I am done."
 PATH_ARGS = ("path", "file_path", "absolute_path", "filePath", "filename", "file")
@@ -222,7 +225,7 @@ class ScriptedPolicy(PolicyBackend):
     empty one, as Qwen3's template does with thinking disabled).
     """
 
-    def __init__(self, mode: str = "expert", tokenizer=None, *, think: bool = False) -> None:
+    def __init__(self, mode: str = "expert", tokenizer: Tokenizer = None, *, think: bool = False) -> None:
         self.mode = mode
         self.think = think
         self._tokenizer = tokenizer
@@ -240,7 +243,7 @@ class ScriptedPolicy(PolicyBackend):
         self.version = 0
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         """The real Qwen3 tokenizer, loaded on first use (the expert's turns are encoded with it)."""
         if self._tokenizer is None:
             from clawgym_env.policy.tokenizer import load_tokenizer

@@ -11,9 +11,16 @@ random text.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from clawgym_env.errors import PolicyError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, Qwen3Config, Qwen3MoeConfig
+
+    from clawgym_env.policy.hf import CausalLM, Tokenizer
 
 VOCAB_MULTIPLE = 128
 
@@ -23,8 +30,8 @@ def round_vocab(n: int, multiple: int = VOCAB_MULTIPLE) -> int:
     return ((int(n) + multiple - 1) // multiple) * multiple
 
 
-def tiny_qwen3_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, heads: int = 4, kv_heads: int = 2,
-                      intermediate: int = 128, max_position_embeddings: int = 32768):
+def tiny_qwen3_config(tokenizer: Tokenizer, hidden_size: int = 64, num_layers: int = 2, heads: int = 4,
+                      kv_heads: int = 2, intermediate: int = 128, max_position_embeddings: int = 32768) -> Qwen3Config:
     """The ``Qwen3Config`` of :func:`build_tiny_qwen3`."""
     from transformers import Qwen3Config
 
@@ -51,9 +58,9 @@ def tiny_qwen3_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, hea
     )
 
 
-def build_tiny_qwen3(tokenizer=None, hidden_size: int = 64, num_layers: int = 2, heads: int = 4,
+def build_tiny_qwen3(tokenizer: Tokenizer = None, hidden_size: int = 64, num_layers: int = 2, heads: int = 4,
                      kv_heads: int = 2, intermediate: int = 128, seed: int = 0,
-                     save_dir: str | Path | None = None):
+                     save_dir: str | Path | None = None) -> CausalLM:
     """Build a random-init ``Qwen3ForCausalLM`` (eval mode, float32, CPU).
 
     ``tokenizer``: the Qwen3 tokenizer (default: the project's). With ``save_dir`` the model and the
@@ -72,9 +79,9 @@ def build_tiny_qwen3(tokenizer=None, hidden_size: int = 64, num_layers: int = 2,
     return _seeded_model(Qwen3ForCausalLM, config, tokenizer, seed, save_dir)
 
 
-def tiny_qwen3_moe_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, heads: int = 4, kv_heads: int = 2,
-                          experts: int = 4, experts_per_token: int = 2, moe_intermediate: int = 32,
-                          max_position_embeddings: int = 32768):
+def tiny_qwen3_moe_config(tokenizer: Tokenizer, hidden_size: int = 64, num_layers: int = 2, heads: int = 4,
+                          kv_heads: int = 2, experts: int = 4, experts_per_token: int = 2, moe_intermediate: int = 32,
+                          max_position_embeddings: int = 32768) -> Qwen3MoeConfig:
     """The ``Qwen3MoeConfig`` of :func:`build_tiny_qwen3_moe`: the dense config's attention and ids, and a
     routed MoE block (``experts`` experts of width ``moe_intermediate``, top-``experts_per_token``) in every layer."""
     from transformers import Qwen3MoeConfig
@@ -91,9 +98,9 @@ def tiny_qwen3_moe_config(tokenizer, hidden_size: int = 64, num_layers: int = 2,
                           norm_topk_prob=True)
 
 
-def build_tiny_qwen3_moe(tokenizer=None, hidden_size: int = 64, num_layers: int = 2, heads: int = 4,
+def build_tiny_qwen3_moe(tokenizer: Tokenizer = None, hidden_size: int = 64, num_layers: int = 2, heads: int = 4,
                          kv_heads: int = 2, experts: int = 4, experts_per_token: int = 2, moe_intermediate: int = 32,
-                         seed: int = 0, save_dir: str | Path | None = None):
+                         seed: int = 0, save_dir: str | Path | None = None) -> CausalLM:
     """Build a random-init ``Qwen3MoeForCausalLM`` (eval mode, float32, CPU), like :func:`build_tiny_qwen3`.
 
     transformers holds each layer's experts as fused 3-D parameters (``mlp.experts.gate_up_proj``,
@@ -113,7 +120,8 @@ def build_tiny_qwen3_moe(tokenizer=None, hidden_size: int = 64, num_layers: int 
     return _seeded_model(Qwen3MoeForCausalLM, config, tokenizer, seed, save_dir)
 
 
-def _seeded_model(model_class, config, tokenizer, seed: int, save_dir: str | Path | None):
+def _seeded_model(model_class: Callable[..., CausalLM], config: PretrainedConfig, tokenizer: Tokenizer,
+                  seed: int, save_dir: str | Path | None) -> CausalLM:
     """``model_class(config)`` initialised under ``seed`` (the global RNG untouched), float32, eval mode; saved with
     the tokenizer into ``save_dir`` when given."""
     import torch

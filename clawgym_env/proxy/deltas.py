@@ -23,9 +23,12 @@ import codecs
 import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clawgym_env.policy.chat_format import END_OF_TEXT, Segmentation, ToolCallSpan, segment
+
+if TYPE_CHECKING:
+    from clawgym_env.policy.hf import Tokenizer
 
 __all__ = ["END_OF_TEXT", "Delta", "Segmentation", "ToolCallSpan", "iter_deltas", "piece_offsets", "segment",
            "stop_cut", "token_bytes", "token_pieces"]
@@ -50,7 +53,7 @@ def _byte_decoder() -> dict[str, int]:
 _ADDED_CACHE: dict[int, tuple[Any, dict[int, str]]] = {}
 
 
-def _added_tokens(tokenizer) -> dict[int, str]:
+def _added_tokens(tokenizer: Tokenizer) -> dict[int, str]:
     entry = _ADDED_CACHE.get(id(tokenizer))
     if entry is None or entry[0] is not tokenizer:
         added = {int(i): str(getattr(t, "content", t))
@@ -60,7 +63,7 @@ def _added_tokens(tokenizer) -> dict[int, str]:
     return entry[1]
 
 
-def token_bytes(tokenizer, ids: Sequence[int]) -> list[bytes]:
+def token_bytes(tokenizer: Tokenizer, ids: Sequence[int]) -> list[bytes]:
     """The raw bytes each token stands for (added/special tokens: their literal UTF-8 text)."""
     added = _added_tokens(tokenizer)
     dec = _byte_decoder()
@@ -76,7 +79,7 @@ def token_bytes(tokenizer, ids: Sequence[int]) -> list[bytes]:
     return out
 
 
-def token_pieces(tokenizer, ids: Sequence[int]) -> list[str]:
+def token_pieces(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
     """One text piece per token; see the module invariants. O(len(ids))."""
     ids = list(ids)
     if not ids:

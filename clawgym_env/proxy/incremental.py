@@ -39,8 +39,8 @@ import functools
 import hashlib
 import json
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from clawgym_env.policy.chat_format import content_to_text, render_prompt_text
 from clawgym_env.proxy.splice import (
@@ -52,6 +52,9 @@ from clawgym_env.proxy.splice import (
     turn_ids,
     turn_key,
 )
+
+if TYPE_CHECKING:
+    from clawgym_env.policy.hf import Tokenizer
 
 IM_START = "<|im_start|>"
 # sha256 of chat templates whose per-message rendering is local in the sense above (Qwen3's).
@@ -86,7 +89,7 @@ class _Prompt:
     calls_seen: int  # how many recorded calls the splice looked at
 
 
-def template_is_local(tokenizer) -> bool:
+def template_is_local(tokenizer: Tokenizer) -> bool:
     """Whether the tokenizer's chat template is one the incremental path is proven for."""
     template = getattr(tokenizer, "chat_template", None)
     return isinstance(template, str) and _template_hash(template) in LOCAL_TEMPLATES
@@ -192,7 +195,7 @@ def _moved(state: _Prompt, messages: list[dict[str, Any]], query: int | None) ->
     return out
 
 
-def _same_ids(tokenizer, old: Any, new: Any) -> bool:
+def _same_ids(tokenizer: Tokenizer, old: Any, new: Any) -> bool:
     """Whether splicing from call ``new`` instead of ``old`` gives the same ids (None: rendered from text)."""
     if old is new:
         return True
@@ -222,7 +225,7 @@ class PromptCache:
         with self._lock:
             self._states = []
 
-    def prompt(self, tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    def prompt(self, tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                enable_thinking: bool | None, previous_calls: Sequence[Any]) -> PromptIds:
         """What :func:`~clawgym_env.proxy.splice.splice_prompt` returns, reusing a kept prefix when certain.
 
@@ -252,7 +255,7 @@ class PromptCache:
             if key is not None:
                 self._where.setdefault(key, []).append(i)
 
-    def _resolver(self, calls: list[Any]):
+    def _resolver(self, calls: list[Any]) -> Callable[[TurnKey], Any]:
         n = len(calls)
 
         def resolve(key: TurnKey) -> Any:
@@ -265,7 +268,7 @@ class PromptCache:
 
     # -- the full path --------------------------------------------------------------------------
 
-    def _full(self, tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    def _full(self, tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
               enable_thinking: bool | None, calls: list[Any], keep: bool) -> PromptIds:
         text = render_prompt_text(tokenizer, messages, tools, enable_thinking)
         assistants = [m for m in messages if m.get("role") == "assistant"]
@@ -293,7 +296,7 @@ class PromptCache:
 
     # -- the incremental path -------------------------------------------------------------------
 
-    def _candidates(self, tokenizer, states: list[_Prompt], messages: list[dict[str, Any]],
+    def _candidates(self, tokenizer: Tokenizer, states: list[_Prompt], messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None, enable_thinking: bool | None, query: int | None,
                     calls: list[Any]) -> list[tuple[_Prompt, int, bool]]:
         """Kept prompts this request extends: (prompt, message index to cut at, whether the request repeats
@@ -340,7 +343,7 @@ class PromptCache:
             return j
         return 0
 
-    def _extend(self, tokenizer, state: _Prompt, cut: int, whole: bool, messages: list[dict[str, Any]],
+    def _extend(self, tokenizer: Tokenizer, state: _Prompt, cut: int, whole: bool, messages: list[dict[str, Any]],
                 enable_thinking: bool | None, query: int | None, calls: list[Any]) -> PromptIds | None:
         standin = {"role": "user", "content": _QUERY_STANDIN if query is not None and query < cut
                    else _NO_QUERY_STANDIN}

@@ -29,9 +29,12 @@ import dataclasses
 import functools
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clawgym_env.policy.chat_format import content_to_text, render_prompt_text
+
+if TYPE_CHECKING:
+    from clawgym_env.policy.hf import Tokenizer
 
 ASSISTANT_OPEN = "<|im_start|>assistant\n"
 IM_END = "<|im_end|>"
@@ -80,7 +83,7 @@ class _Encoder:
     im_end: int
 
 
-def encoder(tokenizer) -> _Encoder:
+def encoder(tokenizer: Tokenizer) -> _Encoder:
     """The tokenizer's ``encode(text, add_special_tokens=False)``; for a Rust-backed tokenizer without
     truncation or padding, its backend's encode, the same ids without the per-call wrapper."""
     try:
@@ -90,11 +93,11 @@ def encoder(tokenizer) -> _Encoder:
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_encoder(tokenizer) -> _Encoder:
+def _cached_encoder(tokenizer: Tokenizer) -> _Encoder:
     return _make_encoder(tokenizer)
 
 
-def _make_encoder(tokenizer) -> _Encoder:
+def _make_encoder(tokenizer: Tokenizer) -> _Encoder:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and getattr(backend, "truncation", 0) is None and getattr(backend, "padding", 0) is None:
         def encode(text: str) -> list[int]:
@@ -105,7 +108,7 @@ def _make_encoder(tokenizer) -> _Encoder:
     return _Encoder(encode, encode(ASSISTANT_OPEN), tokenizer.convert_tokens_to_ids(IM_END))
 
 
-def _generation_tail(tokenizer, prompt_ids: Sequence[int]) -> list[int]:
+def _generation_tail(tokenizer: Tokenizer, prompt_ids: Sequence[int]) -> list[int]:
     """Ids after the last ``<|im_start|>assistant\\n`` of a prompt (e.g. an empty think block)."""
     opener = encoder(tokenizer).opener
     n = len(opener)
@@ -142,7 +145,7 @@ class Spliced:
     used: list[Any]
 
 
-def turn_ids(tokenizer, call: Any) -> list[int]:
+def turn_ids(tokenizer: Tokenizer, call: Any) -> list[int]:
     """The ids a spliced turn takes from ``call`` after ``<|im_start|>assistant\\n``: its generation-prompt
     tail, its sampled ids, and ``<|im_end|>`` when the output was cut off."""
     im_end = encoder(tokenizer).im_end
@@ -152,7 +155,7 @@ def turn_ids(tokenizer, call: Any) -> list[int]:
     return ids
 
 
-def splice_region(tokenizer, text: str, assistants: Sequence[dict[str, Any]],
+def splice_region(tokenizer: Tokenizer, text: str, assistants: Sequence[dict[str, Any]],
                   resolve: Callable[[TurnKey], Any], cuts: Sequence[int] = ()) -> Spliced | None:
     """Tokenise ``text`` (a rendering holding exactly the turns ``assistants``) with matched turns spliced.
 
@@ -210,7 +213,7 @@ def missed_reason(missed: Sequence[int], assistants: int) -> str | None:
             "rendered from text")
 
 
-def splice_prompt(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+def splice_prompt(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                   enable_thinking: bool | None, previous_calls: Sequence[Any]) -> tuple[list[int], bool, str | None]:
     """Prompt ids for ``messages`` with earlier sampled assistant turns spliced in (the full render).
 

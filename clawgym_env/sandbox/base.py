@@ -159,7 +159,7 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     def __enter__(self) -> Sandbox: ...
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @abc.abstractmethod

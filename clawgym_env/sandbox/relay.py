@@ -27,7 +27,7 @@ import sys
 _CHUNK = 65536
 
 
-def _pipe(src, dst, done=None) -> None:
+def _pipe(src: "_socket.socket", dst: "_socket.socket", done: "_thread.LockType | None" = None) -> None:
     """Copy ``src`` to ``dst`` until EOF or an error, then half-close ``dst`` (and release ``done``)."""
     try:
         while True:
@@ -46,7 +46,7 @@ def _pipe(src, dst, done=None) -> None:
             done.release()
 
 
-def _nodelay(sock) -> None:
+def _nodelay(sock: "_socket.socket") -> None:
     """No Nagle on the TCP side: a response relayed in several pieces must not wait ~40 ms for the
     client's delayed ACK before its last piece goes out."""
     try:
@@ -74,16 +74,16 @@ def _handle(fd: int, sock_path: str) -> None:
     up.close()
 
 
-def _serve(listener, sock_path: str) -> None:
+def _serve(listener: "_socket.socket", sock_path: str) -> None:
     while True:
         try:
-            fd, _ = listener._accept()
+            fd, _ = listener._accept()  # type: ignore[attr-defined]  # the C socket's own accept: no stub
         except OSError:
             return
         _thread.start_new_thread(_handle, (fd, sock_path))
 
 
-def _listen(port: int):
+def _listen(port: int) -> "_socket.socket":
     listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
     _nodelay(listener)

@@ -53,7 +53,7 @@ import json
 import logging
 import threading
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams, TextDelta
@@ -75,6 +75,9 @@ from clawgym_env.policy.passthrough.wire import (  # noqa: F401 - openai_message
 )
 from clawgym_env.redact import redact, register_secret
 
+if TYPE_CHECKING:
+    from clawgym_env.policy.hf import Tokenizer
+
 PROVIDERS = ("openai", "anthropic")
 log = logging.getLogger("clawgym.policy")
 _INLINE = 4096  # answers shorter than this (characters) are encoded on the event loop (well under a millisecond)
@@ -91,7 +94,7 @@ class PassthroughPolicy(PolicyBackend):
     """
 
     def __init__(self, provider: str, model: str, *, base_url: str | None = None, api_key: str | None = None,
-                 tokenizer=None, timeout: float = 300.0, max_retries: int = 2, client: Any = None,
+                 tokenizer: Tokenizer = None, timeout: float = 300.0, max_retries: int = 2, client: Any = None,
                  async_client: Any = None, silence_s: float | None = None,
                  max_stream_bytes: int | None = None) -> None:
         if provider not in PROVIDERS:
@@ -130,7 +133,7 @@ class PassthroughPolicy(PolicyBackend):
         register_secret(getattr(self._client, "api_key", None))  # the key the SDK resolved from its env
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         """The Qwen3 tokenizer, loaded on first use (prompts are decoded to text for the upstream API)."""
         if self._tokenizer is None:
             from clawgym_env.policy.tokenizer import load_tokenizer

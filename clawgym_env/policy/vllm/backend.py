@@ -35,12 +35,15 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
 from clawgym_env.policy.http_json import request_json
 from clawgym_env.policy.vllm.weights import WeightReloader, reload_inplace, ties_embeddings
+
+if TYPE_CHECKING:
+    from clawgym_env.policy.hf import Tokenizer
 
 GREEDY_EPS = 1e-5
 TOKENIZER_PROBE = "Hello wörld 🤔 <|im_start|>user\nls -la<|im_end|>\n<think>\n</think>"
@@ -70,7 +73,7 @@ class VLLMPolicy(PolicyBackend):
 
     name = "vllm"
 
-    def __init__(self, base_url: str, model: str | None = None, tokenizer=None, *,
+    def __init__(self, base_url: str, model: str | None = None, tokenizer: Tokenizer = None, *,
                  server: WeightReloader | None = None, owns_server: bool = False, api_key: str | None = None,
                  timeout_s: float = 600.0, retries: int = 3, backoff_s: float = 0.5,
                  stop_token_ids: Iterable[int] | None = None, vocab_size: int | None = None,
@@ -138,7 +141,7 @@ class VLLMPolicy(PolicyBackend):
 
     # -- PolicyBackend ---------------------------------------------------------------------------
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         """The tokenizer the server was checked against (its ids are the prompt ids)."""
         return self._tokenizer
 

@@ -42,13 +42,17 @@ import pwd
 import stat
 import tarfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clawgym_env.errors import SandboxError
 from clawgym_env.files.walk import chown_tree
 from clawgym_env.files.workspace import copy_tree, remove_tree
 from clawgym_env.sandbox.base import PlaceFullError, SandboxLimits
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 IMAGE = "clawgym/hostroot:1"
 FIX = ("start a Docker engine with `scripts/dockerd.sh start` (install it first with "
@@ -58,7 +62,7 @@ _image_lock = threading.Lock()
 _libc = None
 
 
-def _sys(name: str):
+def _sys(name: str) -> Callable[..., int]:
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -195,7 +199,7 @@ def plan_ro_mounts(ro_paths: list[Path], hidden_paths: list[Path],
     return binds, sorted(masks)
 
 
-def connect():
+def connect() -> DockerClient:
     """A DockerClient that has answered a ping, or SandboxError saying how to get one."""
     try:
         import docker
@@ -209,7 +213,7 @@ def connect():
         raise SandboxError(f"no Docker engine answers ({str(exc).strip()[:300]}); fix: {FIX}") from exc
 
 
-def ensure_image(client, tag: str = IMAGE) -> str:
+def ensure_image(client: DockerClient, tag: str = IMAGE) -> str:
     """Create the empty host-root image ``tag`` locally if it is missing (import, never pull)."""
     import docker
 
@@ -273,7 +277,7 @@ def release(res: dict[str, Any]) -> list[str]:
     return errors
 
 
-def limit_options(lim: SandboxLimits, info: dict[str, Any], Ulimit, enforced: dict[str, str],
+def limit_options(lim: SandboxLimits, info: dict[str, Any], Ulimit: Callable[..., object], enforced: dict[str, str],
                   unenforced: dict[str, str]) -> dict[str, Any]:
     """Container options for ``lim`` on an engine reporting ``info``; fills ``enforced`` (how) and
     ``unenforced`` (why not) so that every limit that is not None is in exactly one of them."""

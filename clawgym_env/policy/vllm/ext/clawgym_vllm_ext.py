@@ -29,7 +29,7 @@ import dataclasses
 import datetime
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -163,7 +163,8 @@ def receive(group: WeightGroup, metas: list[TensorMeta], device: torch.device) -
         yield meta.name, buf
 
 
-def load_received(group: WeightGroup, metas: list[TensorMeta], device: torch.device, load) -> int:
+def load_received(group: WeightGroup, metas: list[TensorMeta], device: torch.device,
+                  load: Callable[[Iterator[tuple[str, torch.Tensor]]], object]) -> int:
     """Stream the announced tensors into ``load(iterator)``; consume the rest if ``load`` stops early or
     fails (so the sender's broadcasts all complete), then re-raise. Returns the number received."""
     stream = receive(group, metas, device)
