@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import ConfigError, PolicyError
+from clawgym_env.grading.judge import Judge
 from trainers.policy import PolicyConfig, TrainablePolicy
 from trainers.rollouts.generation import GenerationConfig, open_generation
 from trainers.rollouts.sync import RolloutConfig, rollout_fleet
@@ -71,7 +72,7 @@ def setup_policy(config: PolicyConfig, dist: DistConfig, policy: TrainablePolicy
 
 
 @contextlib.contextmanager
-def rollout_services(setup: RankSetup, *, rollout: RolloutConfig, sandbox: str, out_dir: Path, judge: Any,
+def rollout_services(setup: RankSetup, *, rollout: RolloutConfig, sandbox: str, out_dir: Path, judge: Judge | None,
                      max_context_tokens: int) -> Iterator[tuple[Any, Any]]:
     """``(runtime, fleet or None)`` on rank 0 (its proxy limited to ``max_context_tokens``), ``(None, None)``
     on the other ranks."""

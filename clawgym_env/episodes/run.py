@@ -59,6 +59,7 @@ from clawgym_env.failures import (
 from clawgym_env.files.workspace import Entry, copy_tree, remove_tree, snapshot
 from clawgym_env.grading.grade import grade_episode
 from clawgym_env.grading.inputs import modified_inputs
+from clawgym_env.grading.judge import Judge
 from clawgym_env.harness import Endpoint, HarnessAdapter
 from clawgym_env.policy.base import SamplingOverrides
 from clawgym_env.sandbox import (
@@ -146,7 +147,7 @@ def run_episode(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, *, sand
                 sampling: SamplingOverrides | Mapping[str, Any] | None = None, policy_version: int | None = None,
                 out_dir: str | Path | None = None, keep_workspace: bool = False,
                 episode_id: str | None = None, grade: bool = True, trace_network: bool = False,
-                judge: Any = None) -> EpisodeResult:
+                judge: Judge | None = None) -> EpisodeResult:
     """Run ``adapter``'s harness on ``task`` against ``proxy`` (a started ProxyServer).
 
     ``sampling``: what the episode imposes on every model call (:class:`SamplingOverrides`; a mapping
@@ -192,7 +193,7 @@ def _remove_workspace(ws: Path, episode_id: str) -> None:
 
 def _run(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, root: Path, *, episode_id: str, t_start: float,
          sandbox: str, sampling: SamplingOverrides, policy_version: int | None, grade: bool, trace_network: bool,
-         judge: Any) -> EpisodeResult:
+         judge: Judge | None) -> EpisodeResult:
     """The body of :func:`run_episode` in the episode folder ``root`` (which removes the workspace after it):
     the stages in order, each a typed result (:mod:`clawgym_env.episodes.stages`), and the record built once
     from them. Each failure path (a broken task folder, the sandbox, the harness's launch, the grader) ends in
@@ -341,7 +342,7 @@ def workspace_stage(task: Task, ws: Path, before: dict[str, Entry], episode_id: 
     return WorkspaceStage(changes=None if changes is None else tuple(changes), inputs_modified=inputs, logs=logs)
 
 
-def grade_stage(task: Task, ws: Path, harness: HarnessStage, *, sandbox: str, judge: Any,
+def grade_stage(task: Task, ws: Path, harness: HarnessStage, *, sandbox: str, judge: Judge | None,
                 episode_id: str) -> GradeStage:
     """Grade the final workspace (:func:`grade_episode`) and the verdict after it.
 
