@@ -17,6 +17,7 @@ concurrently against a single policy; see also :class:`~clawgym_env.envs.runtime
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ class ClawGymEnv(gym.Env):
     def __init__(self, harness: str = "mini", policy: PolicyBackend | str = "scripted:expert",
                  suite: str | Suite = "builtin", *, runtime: Runtime | None = None, sandbox: str = "bwrap",
                  out_dir: str | Path | None = None,
-                 harness_options: dict[str, Any] | None = None, task_ids: list[str] | None = None,
+                 harness_options: Mapping[str, object] | None = None, task_ids: list[str] | None = None,
                  judge: Judge | None = None) -> None:
         self.adapter = make_harness(harness, **(harness_options or {}))
         self.suite = suite if isinstance(suite, Suite) else load_suite(suite)
@@ -76,7 +77,7 @@ class ClawGymEnv(gym.Env):
                 "status": status, "final_message": final, "calls": calls}
 
     def reset(self, *, seed: int | None = None,
-              options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+              options: Mapping[str, object] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """Pick the next task (``options["task_id"]``, else by ``seed`` from the suite); returns its
         observation (no calls yet) and ``{"task": ...}``."""
         super().reset(seed=seed)

@@ -42,7 +42,7 @@ import pwd
 import stat
 import tarfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -277,11 +277,11 @@ def release(res: dict[str, Any]) -> list[str]:
     return errors
 
 
-def limit_options(lim: SandboxLimits, info: dict[str, Any], Ulimit: Callable[..., object], enforced: dict[str, str],
-                  unenforced: dict[str, str]) -> dict[str, Any]:
+def limit_options(lim: SandboxLimits, info: Mapping[str, object], Ulimit: Callable[..., object],
+                  enforced: dict[str, str], unenforced: dict[str, str]) -> dict[str, object]:
     """Container options for ``lim`` on an engine reporting ``info``; fills ``enforced`` (how) and
     ``unenforced`` (why not) so that every limit that is not None is in exactly one of them."""
-    opts: dict[str, Any] = {}
+    opts: dict[str, object] = {}
     ulimits = []
     if lim.memory_mb is not None:
         if info.get("MemoryLimit", False):
