@@ -17,7 +17,7 @@ Action (a ``Dict``), the sampling parameters and policy version for the episode:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from gymnasium import spaces
@@ -67,16 +67,41 @@ def action_space() -> spaces.Dict:
     })
 
 
-def action_to_sampling(action: dict[str, Any] | None) -> tuple[SamplingOverrides, int | None]:
+class CallObservation(TypedDict):
+    """One captured model call in an observation's ``calls`` (see the module docstring)."""
+
+    prompt_token_ids: np.ndarray  # int64
+    output_token_ids: np.ndarray  # int64
+    output_logprobs: np.ndarray  # float32, each <= 0
+
+
+class Observation(TypedDict):
+    """A member of :func:`observation_space` (see the module docstring)."""
+
+    task_id: str
+    instruction: str
+    status: str
+    final_message: str
+    calls: tuple[CallObservation, ...]
+
+
+class Action(TypedDict, total=False):
+    """A member of :func:`action_space` (see the module docstring); a missing key is no override. Values are
+    NumPy scalars or 0-d arrays as the space samples them, or plain numbers."""
+
+    temperature: float | np.ndarray
+    top_p: float | np.ndarray
+    max_tokens: int | np.integer
+    policy_version: int | np.integer
+
+
+def action_to_sampling(action: Action | None) -> tuple[SamplingOverrides, int | None]:
     """(sampling overrides for the proxy, policy_version) from an action (``None`` = no overrides)."""
     if action is None:
         return SamplingOverrides(), None
-    sampling: dict[str, Any] = {}
-    if "temperature" in action:
-        sampling["temperature"] = float(np.asarray(action["temperature"]))
-    if "top_p" in action:
-        sampling["top_p"] = max(float(np.asarray(action["top_p"])), 1e-6)
-    if int(action.get("max_tokens", 0) or 0) > 0:
-        sampling["max_tokens"] = int(action["max_tokens"])
+    temperature = float(np.asarray(action["temperature"])) if "temperature" in action else None
+    top_p = max(float(np.asarray(action["top_p"])), 1e-6) if "top_p" in action else None
+    max_tokens = int(action["max_tokens"]) if int(action.get("max_tokens", 0) or 0) > 0 else None
     version = action.get("policy_version")
-    return SamplingOverrides(**sampling), (int(version) if version is not None else None)
+    return (SamplingOverrides(temperature=temperature, top_p=top_p, max_tokens=max_tokens),
+            (int(version) if version is not None else None))

@@ -20,9 +20,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from pydantic import BaseModel, Field
+
+from clawgym_env.jsontypes import JSONObject
+
+
+class SandboxOverrides(TypedDict, total=False):
+    """The :class:`~clawgym_env.sandbox.SandboxLimits` fields a task sets (:meth:`TaskLimits.sandbox_overrides`)."""
+
+    disk_mb: int
+    memory_mb: int
+    inodes: int
+    cpus: float
 
 
 class TaskLimits(BaseModel):
@@ -54,12 +65,19 @@ class TaskLimits(BaseModel):
     """CPU share of the agent's sandbox in cores; a sandbox held at it records ``cpu`` in ``limits_hit``.
     ``None``: the sandbox's default (:class:`~clawgym_env.sandbox.SandboxLimits`, 2 cores)."""
 
-    def sandbox_overrides(self) -> dict[str, Any]:
+    def sandbox_overrides(self) -> SandboxOverrides:
         """The :class:`~clawgym_env.sandbox.SandboxLimits` fields this task sets (those not ``None``),
         to apply over the sandbox's defaults; every other sandbox limit keeps its default."""
-        pairs = (("disk_mb", self.disk_mb), ("memory_mb", self.memory_mb), ("inodes", self.inodes),
-                 ("cpus", self.cpus))
-        return {k: v for k, v in pairs if v is not None}
+        out: SandboxOverrides = {}
+        if self.disk_mb is not None:
+            out["disk_mb"] = self.disk_mb
+        if self.memory_mb is not None:
+            out["memory_mb"] = self.memory_mb
+        if self.inodes is not None:
+            out["inodes"] = self.inodes
+        if self.cpus is not None:
+            out["cpus"] = self.cpus
+        return out
 
 
 class Task(BaseModel):
@@ -72,7 +90,7 @@ class Task(BaseModel):
     task_dir: Path | None = None
     input_dir: Path | None = None
     reward_dir: Path | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JSONObject = Field(default_factory=dict)
     limits: TaskLimits = Field(default_factory=TaskLimits)
     notes: list[str] = Field(default_factory=list)
     """Non-fatal observations made while loading (e.g. the task_id differs from the folder name)."""

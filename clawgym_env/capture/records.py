@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.redact import redact, redact_obj
 
 SCHEMA_VERSION = 1
@@ -56,15 +57,15 @@ class CallRecord(BaseModel):
     dialect: Dialect
     path: str
     stream: bool
-    request: dict[str, Any]
+    request: JSONObject
     headers: dict[str, str] = Field(default_factory=dict)
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     output_logprobs: list[float]
     finish_reason: str
-    response_message: dict[str, Any] = Field(
+    response_message: JSONObject = Field(
         default_factory=dict, description="The assistant message as returned (OpenAI chat shape)")
-    sampling: dict[str, Any] = Field(default_factory=dict)
+    sampling: JSONObject = Field(default_factory=dict)
     policy_name: str = ""
     policy_version: int = 0
     token_exact: bool = True
@@ -131,7 +132,7 @@ class EpisodeRecord(BaseModel):
     exit_code: int | None = None
     error: str | None = None
     logs: dict[str, str] = Field(default_factory=dict)
-    sampling: dict[str, Any] = Field(default_factory=dict)
+    sampling: JSONObject = Field(default_factory=dict)
     policy_version: int = 0
     resources: dict[str, float] = Field(
         default_factory=dict, description="harness_started_at (epoch s), peak_memory_mb where measurable")
@@ -178,7 +179,7 @@ def sanitize(obj: Any, max_depth: int = MAX_RECORD_DEPTH) -> tuple[Any, bool]:
             parent[key] = f"<cut: nested deeper than {max_depth} levels>"
             cut = True
         elif isinstance(src, dict):
-            dst: dict[str, Any] = {}
+            dst: JSONObject = {}
             parent[key] = dst
             for k, v in src.items():
                 nk = _clean_str(k if isinstance(k, str) else str(k))

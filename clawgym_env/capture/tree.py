@@ -31,11 +31,11 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from clawgym_env.capture.records import CallRecord, EpisodeRecord
 from clawgym_env.capture.tree_meta import EpisodeSummary, GroupInfo, TreeMeta
 from clawgym_env.errors import ClawGymError
+from clawgym_env.jsontypes import JSONObject
 
 LOGPROB_TOL = 1e-6  # two samples of one token whose logprobs differ by more are a conflict
 
@@ -82,7 +82,7 @@ class TreeStats:
     token_exact_share: float
     episodes: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         """The statistics as a JSON-ready mapping."""
         return dataclasses.asdict(self)
 
@@ -256,7 +256,7 @@ class CallTree:
         exact = [c.token_exact for c in calls]
         versions = sorted({c.policy_version for c in calls})
         episode_ids = list(dict.fromkeys(c.episode_id for c in calls))
-        derived: dict[str, Any] = {
+        derived: JSONObject = {
             "tree_id": _tree_id(episode_ids, calls),
             "episode_ids": episode_ids,
             "policy": next((c.policy_name for c in calls if c.policy_name), None),

@@ -61,11 +61,12 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from clawgym_env.capture.tree import CallTree, TreeNode
 from clawgym_env.capture.tree_meta import TreeMeta
 from clawgym_env.errors import ClawGymError
+from clawgym_env.jsontypes import JSONObject
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -76,7 +77,7 @@ META_COLUMNS = ("task_id", "suite", "harness", "policy", "status", "reward", "po
 _NODE_KEYS = ("id", "parent", "depth", "tokens", "sampled", "logprobs", "calls", "children")
 
 
-def tree_to_dict(tree: CallTree) -> dict[str, Any]:
+def tree_to_dict(tree: CallTree) -> JSONObject:
     """One tree JSONL object (layout in the module docstring)."""
     return {"format": FORMAT, "version": VERSION, "meta": tree.meta.model_dump(mode="json"),
             "roots": list(tree.roots),
@@ -84,7 +85,7 @@ def tree_to_dict(tree: CallTree) -> dict[str, Any]:
             "nodes": [{k: getattr(n, k) for k in _NODE_KEYS} for n in tree.nodes]}
 
 
-def tree_from_dict(obj: dict[str, Any]) -> CallTree:
+def tree_from_dict(obj: JSONObject) -> CallTree:
     """The tree of one tree JSONL object, validated (a plain-mapping ``meta`` of an older file reads too)."""
     if obj.get("format") != FORMAT:
         raise ClawGymError(f"not a call tree (format {obj.get('format')!r}, expected {FORMAT!r})")
@@ -121,7 +122,7 @@ def read_jsonl(path: str | Path) -> list[CallTree]:
     return out
 
 
-def to_records(tree: CallTree) -> list[dict[str, Any]]:
+def to_records(tree: CallTree) -> list[JSONObject]:
     """One flat row per node (columns in the module docstring)."""
     tid = str(tree.meta.tree_id or "tree")
     leaf_of: dict[int, list[int]] = {}
@@ -137,9 +138,9 @@ def to_records(tree: CallTree) -> list[dict[str, Any]]:
             for n in tree.nodes]
 
 
-def from_records(rows: Iterable[dict[str, Any]]) -> list[CallTree]:
+def from_records(rows: Iterable[JSONObject]) -> list[CallTree]:
     """Rebuild trees from node rows (from :func:`to_records`, a parquet file or a ``datasets`` table)."""
-    by_tree: dict[str, list[dict[str, Any]]] = {}
+    by_tree: dict[str, list[JSONObject]] = {}
     for r in rows:
         by_tree.setdefault(r["tree_id"], []).append(r)
     out = []

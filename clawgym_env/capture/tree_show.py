@@ -18,10 +18,11 @@ from __future__ import annotations
 import html
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from clawgym_env.capture.tree import CallTree, TreeNode
 from clawgym_env.errors import ClawGymError
+from clawgym_env.jsontypes import JSONObject
 
 
 class Decoder(Protocol):
@@ -334,7 +335,7 @@ def load_trees(path: str | Path) -> list[CallTree]:
     path = Path(path)
     if not path.is_file():
         raise ClawGymError(f"{path} is not a file; give a call-tree JSONL or an episode's calls.jsonl")
-    first: dict[str, Any] = {}
+    first: JSONObject = {}
     with path.open(encoding="utf-8") as fh:
         for line in fh:
             if line.strip():

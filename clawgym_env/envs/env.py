@@ -64,20 +64,21 @@ class ClawGymEnv(gym.Env):
         self._task: Task | None = None
         self.last_result: EpisodeResult | None = None
 
-    def _obs(self, task: Task, result: EpisodeResult | None = None) -> dict[str, Any]:
-        calls: tuple[dict[str, Any], ...] = ()
+    def _obs(self, task: Task, result: EpisodeResult | None = None) -> cg_spaces.Observation:
+        calls: tuple[cg_spaces.CallObservation, ...] = ()
         status = final = ""
         if result is not None:
-            calls = tuple({"prompt_token_ids": np.asarray(c.prompt_token_ids, dtype=np.int64),
-                           "output_token_ids": np.asarray(c.output_token_ids, dtype=np.int64),
-                           "output_logprobs": np.minimum(np.asarray(c.output_logprobs, dtype=np.float32), 0.0)}
-                          for c in result.calls)
+            calls = tuple(cg_spaces.CallObservation(
+                prompt_token_ids=np.asarray(c.prompt_token_ids, dtype=np.int64),
+                output_token_ids=np.asarray(c.output_token_ids, dtype=np.int64),
+                output_logprobs=np.minimum(np.asarray(c.output_logprobs, dtype=np.float32), 0.0)) for c in result.calls)
             status, final = result.record.status, cg_spaces.clean_text(result.record.final_message)
         return {"task_id": cg_spaces.clean_text(task.full_id), "instruction": cg_spaces.clean_text(task.instruction),
                 "status": status, "final_message": final, "calls": calls}
 
+    # ``info`` stays dict[str, Any]: gymnasium's Env API types it so (reset and step override its methods)
     def reset(self, *, seed: int | None = None,
-              options: Mapping[str, object] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+              options: Mapping[str, object] | None = None) -> tuple[cg_spaces.Observation, dict[str, Any]]:
         """Pick the next task (``options["task_id"]``, else by ``seed`` from the suite); returns its
         observation (no calls yet) and ``{"task": ...}``."""
         super().reset(seed=seed)
@@ -90,7 +91,8 @@ class ClawGymEnv(gym.Env):
         self.last_result = None
         return self._obs(self._task), {"task": self._task.model_dump(mode="json")}
 
-    def step(self, action: dict[str, Any] | None) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+    def step(self, action: cg_spaces.Action | None,
+             ) -> tuple[cg_spaces.Observation, float, bool, bool, dict[str, Any]]:  # info: gymnasium's type
         """Run one whole episode on the current task with ``action``'s sampling overrides; returns
         ``(observation, reward, terminated, truncated, info)``, ``truncated`` when the harness timed out."""
         if self._task is None:

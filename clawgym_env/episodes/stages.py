@@ -170,7 +170,7 @@ def assemble_record(ids: EpisodeIds, *, wall_s: float, failure: Verdict | None =
     ``failure``: a failure before any stage ran (a broken task folder); otherwise the verdict is
     :func:`episode_verdict`'s. A record the stages cannot make (see the module doc) is an ``internal``
     ``infra_error`` record, never an exception."""
-    fields: dict[str, Any] = {
+    fields: dict[str, object] = {  # EpisodeRecord's fields, validated by EpisodeRecord(**fields)
         "episode_id": ids.episode_id, "task_id": ids.task_id, "suite": ids.suite, "harness": ids.harness,
         "policy": ids.policy, "sampling": dict(ids.sampling), "policy_version": ids.policy_version,
         "wall_s": wall_s}
@@ -210,12 +210,12 @@ def assemble_record(ids: EpisodeIds, *, wall_s: float, failure: Verdict | None =
     return _build(fields)
 
 
-def _build(fields: dict[str, Any]) -> EpisodeRecord:
+def _build(fields: dict[str, object]) -> EpisodeRecord:
     try:
-        return EpisodeRecord(**fields)
+        return EpisodeRecord.model_validate(fields)
     except Exception as exc:  # noqa: BLE001 - a bug here must still leave exactly one record
         log.error("episode %s: building the record failed", fields.get("episode_id"), exc_info=exc)
         keep = {k: fields[k] for k in ("episode_id", "task_id", "suite", "harness", "policy", "num_calls",
                                        "calls_path", "wall_s") if k in fields}
-        return EpisodeRecord(**keep, status="infra_error", failure_boundary="internal",
-                             error=internal_failure(exc, "building the episode record").error)
+        return EpisodeRecord.model_validate({**keep, "status": "infra_error", "failure_boundary": "internal",
+                                             "error": internal_failure(exc, "building the episode record").error})

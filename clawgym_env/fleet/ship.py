@@ -228,7 +228,7 @@ class BundleRefs:
 
     def __init__(self, wait_s: float = BUNDLE_WAIT_S) -> None:
         self.wait_s = wait_s
-        self._refs: dict[str, Any] = {}
+        self._refs: dict[str, object] = {}  # opaque object-store references, by bundle hash
         self._cv = threading.Condition()
 
     def remember(self, shipped: ShippedTask) -> None:

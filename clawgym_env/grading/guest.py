@@ -33,10 +33,10 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from clawgym_env.errors import ClawGymError, SandboxError
 from clawgym_env.grading.guest_client import recv_message, send_message
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class GuestBroker:
                     log.info("guest broker: a connection failed: %s", exc)
 
     @staticmethod
-    def _read(conn: socket.socket) -> dict[str, Any]:
+    def _read(conn: socket.socket) -> JSONObject:
         try:
             req = recv_message(conn)
         except ConnectionError as exc:
@@ -127,7 +127,7 @@ class GuestBroker:
             raise _BadRequest("a request is a JSON object")
         return req
 
-    def _answer(self, conn: socket.socket) -> dict[str, Any]:
+    def _answer(self, conn: socket.socket) -> JSONObject:
         try:
             req = self._read(conn)
             if self.runs >= self.max_runs:
@@ -148,7 +148,7 @@ class GuestBroker:
             self.failure = f"{type(exc).__name__}: {exc}"
             return {"returncode": -1, "error": f"the guest sandbox failed: {exc}"}
 
-    def _run(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def _run(self, req: JSONObject, timeout: float) -> JSONObject:
         from clawgym_env.files.workspace import copy_tree, private_tempdir, remove_tree
 
         argv = req.get("argv")

@@ -36,6 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+#: A JSON object on the guest's wire (``clawgym_env.jsontypes.JSONObject``, spelled out: this module runs in the
+#: grader's sandbox with the standard library only, see the module doc).
+JSONObject = dict[str, Any]
 SOCKET_ENV = "CLAWGYM_GUEST_SOCKET"
 LOCAL_ENV = "CLAWGYM_GUEST_LOCAL"
 MAX_MESSAGE = 64 << 20
@@ -240,7 +243,7 @@ report(values)
 
 
 def evaluate(setup: str, exprs: Sequence[str], *, cwd: str | None = None, timeout: float = 60.0,
-             files: Mapping[str, bytes | str] | None = None) -> list[dict[str, Any]] | None:
+             files: Mapping[str, bytes | str] | None = None) -> list[JSONObject] | None:
     """Run ``setup`` (e.g. ``from mathutils import mean``), then evaluate each expression in a guest
     sandbox; one ``{"value": v}`` (a JSON value) or ``{"error": "TypeName"}`` per expression, or ``None``
     when the program never reported (the setup failed, the agent's code exited early). Compare the values

@@ -16,13 +16,15 @@ Invariants a :class:`Judge` keeps:
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+
+from clawgym_env.jsontypes import JSONObject
 
 
 @runtime_checkable
 class Judge(Protocol):
     """An LLM judge asked for verdicts as JSON (see the module doc for the invariants)."""
 
-    def judge_json(self, system: str, user: str) -> dict[str, Any]:
+    def judge_json(self, system: str, user: str) -> JSONObject:
         """The JSON object the judge answers ``user`` with, under the ``system`` instructions."""
         ...

@@ -54,6 +54,7 @@ from clawgym_env.grading.guest import SOCKET_NAME, GuestBroker
 from clawgym_env.grading.inputs import restore_protected
 from clawgym_env.grading.reward_links import drop_links_into_reward
 from clawgym_env.grading.room import copy_failure, copy_limits, grader_room
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend
 
 PAYLOAD_PATH = "/tmp/clawgym-reward-payload.json"
@@ -149,7 +150,7 @@ def _parse_subscores(stdout: str) -> dict[str, float]:
     return {}
 
 
-def build_payload(task: Any, final_message: str | None, transcript: list[Any] | None) -> dict[str, Any]:
+def build_payload(task: Any, final_message: str | None, transcript: list[Any] | None) -> JSONObject:
     """The JSON the verifier reads from ``$OPENCLAW_REWARD_PAYLOAD``: the task, its instruction and
     metadata, the agent's final message and transcript (empty when absent)."""
     return {"task_id": task.id, "user_query": task.instruction, "metadata": task.metadata,
@@ -226,7 +227,8 @@ def grade_workspace(task: Any, workspace: str | Path, *, final_message: str | No
                                 guest_client.SOCKET_ENV: f"{GRADER_SITE_DIR}/{SOCKET_NAME}"},
                            limits=limits, hand_back=False)
         budget = task.limits.reward_timeout_s
-        caps = {k: v for k, v in copy_limits(task).items() if k != "deadline"}
+        lim = copy_limits(task)
+        caps = {"max_bytes": lim["max_bytes"], "max_entries": lim["max_entries"]}
         with GuestBroker(socket_dir=site, base=ws, mount=task.mount_dir, sandbox=sandbox, limits=limits,
                          deadline=time.monotonic() + budget, work_dir=tmp, copy_caps=caps) as broker, \
                 backend(spec) as sb:

@@ -30,7 +30,7 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from clawgym_env.errors import CopyLimitError
 from clawgym_env.files.walk import iter_entries
@@ -99,7 +99,15 @@ def _at_least(default: int | None, agent: int | None, extra: int) -> int | None:
     return max(default, agent + extra)
 
 
-def copy_limits(task: Any, *, now: float | None = None) -> dict[str, Any]:
+class CopyLimits(TypedDict):
+    """Keyword arguments of :func:`~clawgym_env.files.workspace.copy_tree` bounding one copy (:func:`copy_limits`)."""
+
+    max_bytes: int | None
+    max_entries: int | None
+    deadline: float
+
+
+def copy_limits(task: Any, *, now: float | None = None) -> CopyLimits:
     """Keyword arguments of :func:`~clawgym_env.files.workspace.copy_tree` for the host-side copy of
     ``task``'s final workspace: at most the agent's quotas (so what grading adds still fits beside it
     in the grader's room) and :data:`GRADING_COPY_S` from ``now`` (default: this instant)."""

@@ -12,13 +12,23 @@ import abc
 import dataclasses
 import math
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from clawgym_env.errors import ProxyError
+from clawgym_env.jsontypes import JSONObject
 
 if TYPE_CHECKING:
     from clawgym_env.policy.hf import Tokenizer
     from clawgym_env.task import Task
+
+
+class SyncReport(TypedDict):
+    """A policy's last weight sync (its ``last_sync``): the ``method`` used, how many ``seconds`` it took and
+    the ``version`` served since."""
+
+    method: str
+    seconds: float
+    version: int
 
 
 @dataclasses.dataclass
@@ -31,7 +41,7 @@ class SamplingParams:
     stop: list[str] = dataclasses.field(default_factory=list)
     seed: int | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         """The parameters as a plain dict (recorded in each ``CallRecord.sampling``)."""
         return dataclasses.asdict(self)
 
@@ -85,7 +95,7 @@ class SamplingOverrides:
             raise ProxyError(f"unknown sampling override(s) {unknown}; allowed: {allowed}", field="sampling")
         return cls(**{k: v for k, v in data.items() if v is not None})
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         """The overrides that are set (for records on disk)."""
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()
                 if v is not None}
@@ -100,8 +110,8 @@ class GenerationContext:
     """
 
     episode_id: str = ""
-    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    tools: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    messages: list[JSONObject] = dataclasses.field(default_factory=list)
+    tools: list[JSONObject] = dataclasses.field(default_factory=list)
     task: Task | None = None
     harness: str | None = None
 

@@ -17,6 +17,8 @@ import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from clawgym_env.jsontypes import JSONObject
+
 if TYPE_CHECKING:
     from clawgym_env.policy.hf import Tokenizer
 
@@ -50,14 +52,14 @@ def content_to_text(content: Any) -> str:
     return str(content)
 
 
-def normalize_messages(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def normalize_messages(messages: Iterable[JSONObject]) -> list[JSONObject]:
     """OpenAI-chat messages → the shape Qwen3's template expects (string contents, function calls)."""
-    out: list[dict[str, Any]] = []
+    out: list[JSONObject] = []
     for msg in messages:
         role = msg.get("role")
         if role == "developer":
             role = "system"
-        new: dict[str, Any] = {"role": role, "content": content_to_text(msg.get("content"))}
+        new: JSONObject = {"role": role, "content": content_to_text(msg.get("content"))}
         if role == "assistant":
             if msg.get("reasoning_content"):
                 new["reasoning_content"] = msg["reasoning_content"]
@@ -74,17 +76,17 @@ def normalize_messages(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any
     return out
 
 
-def render_prompt_text(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+def render_prompt_text(tokenizer: Tokenizer, messages: list[JSONObject], tools: list[JSONObject] | None = None,
                        enable_thinking: bool | None = None) -> str:
     """The prompt text the tokenizer's chat template renders, ending with the assistant generation prompt."""
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, bool] = {}  # the template's own switches
     if enable_thinking is not None:
         kwargs["enable_thinking"] = enable_thinking
     return tokenizer.apply_chat_template(normalize_messages(messages), tools=tools or None,
                                          add_generation_prompt=True, tokenize=False, **kwargs)
 
 
-def render_prompt_ids(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+def render_prompt_ids(tokenizer: Tokenizer, messages: list[JSONObject], tools: list[JSONObject] | None = None,
                       enable_thinking: bool | None = None) -> list[int]:
     """Prompt token ids for a chat request, ending with the assistant generation prompt."""
     text = render_prompt_text(tokenizer, messages, tools, enable_thinking)
@@ -92,7 +94,7 @@ def render_prompt_ids(tokenizer: Tokenizer, messages: list[dict[str, Any]], tool
 
 
 def assistant_text(content: str = "", reasoning: str | None = None,
-                   tool_calls: list[tuple[str, dict[str, Any] | str]] | None = None) -> str:
+                   tool_calls: list[tuple[str, JSONObject | str]] | None = None) -> str:
     """The text a Qwen3 model emits after ``<|im_start|>assistant\\n``, ``<|im_end|>`` included."""
     text = ""
     if reasoning is not None:
@@ -112,12 +114,12 @@ class ParsedAssistant:
 
     content: str
     reasoning: str | None
-    tool_calls: list[dict[str, Any]]  # [{"id", "name", "arguments" (JSON string)}]
+    tool_calls: list[JSONObject]  # [{"id", "name", "arguments" (JSON string)}]
     errors: list[str] = dataclasses.field(default_factory=list)
 
-    def to_openai_message(self) -> dict[str, Any]:
+    def to_openai_message(self) -> JSONObject:
         """The OpenAI-chat assistant message (content None when the turn is only tool calls)."""
-        msg: dict[str, Any] = {"role": "assistant", "content": self.content or (None if self.tool_calls else "")}
+        msg: JSONObject = {"role": "assistant", "content": self.content or (None if self.tool_calls else "")}
         if self.reasoning is not None:
             msg["reasoning_content"] = self.reasoning
         if self.tool_calls:

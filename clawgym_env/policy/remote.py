@@ -51,6 +51,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from clawgym_env.errors import PolicyError
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
 from clawgym_env.policy.http_json import request_json
 from clawgym_env.task import Task
@@ -81,8 +82,8 @@ class WireContext(BaseModel):
 
     episode_id: str = ""
     harness: str | None = None
-    messages: list[dict[str, Any]] = Field(default_factory=list)
-    tools: list[dict[str, Any]] = Field(default_factory=list)
+    messages: list[JSONObject] = Field(default_factory=list)
+    tools: list[JSONObject] = Field(default_factory=list)
     task: Task | None = None
 
 

@@ -32,10 +32,10 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from clawgym_env.errors import PolicyError
-from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
+from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams, SyncReport
 
 if TYPE_CHECKING:
     from clawgym_env.policy.hf import Tokenizer
@@ -158,7 +158,7 @@ class ReplicaPolicy(PolicyBackend):
         self.metrics_urls = urls
         self.gate = VersionGate(version)
         self.max_sticky = int(max_sticky)
-        self.last_sync: dict[str, Any] | None = None
+        self.last_sync: SyncReport | None = None
         self._lock = threading.Lock()
         self._sticky: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._in_flight = [0] * len(self.replicas)

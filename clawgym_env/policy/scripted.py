@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clawgym_env.errors import PolicyError
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
 from clawgym_env.policy.chat_format import assistant_text
 from clawgym_env.task import Task
@@ -83,14 +84,14 @@ class ToolSpec:
     argv: bool = False  # the command argument is an array (``["bash", "-lc", cmd]``)
 
 
-def _function_schema(tool: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+def _function_schema(tool: JSONObject) -> tuple[str | None, JSONObject]:
     fn = tool.get("function", tool) if isinstance(tool, dict) else {}
     params = fn.get("parameters") or fn.get("input_schema") or {}
     props = params.get("properties") if isinstance(params, dict) else None
     return fn.get("name"), props if isinstance(props, dict) else {}
 
 
-def _pick(role: str, default: str | None, props: dict[str, Any]) -> str | None:
+def _pick(role: str, default: str | None, props: JSONObject) -> str | None:
     candidates = {"command": COMMAND_ARGS, "path": PATH_ARGS, "content": CONTENT_ARGS}[role]
     if not props:
         return default
@@ -99,7 +100,7 @@ def _pick(role: str, default: str | None, props: dict[str, Any]) -> str | None:
     return next((c for c in candidates if c in props), None)
 
 
-def _spec(name: str, kind: str, defaults: dict[str, str], absolute: bool, props: dict[str, Any]) -> ToolSpec | None:
+def _spec(name: str, kind: str, defaults: dict[str, str], absolute: bool, props: JSONObject) -> ToolSpec | None:
     roles = {"shell": ("command",), "write": ("path", "content"), "read": ("path",)}[kind]
     args = {}
     for role in roles:
@@ -114,7 +115,7 @@ def _spec(name: str, kind: str, defaults: dict[str, str], absolute: bool, props:
     return ToolSpec(name=name, kind=kind, args=args, absolute=absolute, argv=argv)
 
 
-def resolve_tools(tools: list[dict[str, Any]] | None) -> dict[str, ToolSpec]:
+def resolve_tools(tools: list[JSONObject] | None) -> dict[str, ToolSpec]:
     """Offered OpenAI function tools → the tool to use for each step kind ("shell", "write", "read").
 
     Known names (:data:`KNOWN_TOOLS`) win over the name/schema heuristic; the first match wins.
@@ -154,12 +155,12 @@ def _path_for(spec: ToolSpec, path: str, mount_dir: str) -> str:
     return path
 
 
-def _shell_call(spec: ToolSpec, command: str) -> tuple[str, dict[str, Any]]:
+def _shell_call(spec: ToolSpec, command: str) -> tuple[str, JSONObject]:
     value: Any = ["bash", "-lc", command] if spec.argv else command
     return spec.name, {spec.args["command"]: value}
 
 
-def plan_call(step: dict[str, Any], specs: dict[str, ToolSpec], mount_dir: str) -> tuple[str, dict[str, Any]] | None:
+def plan_call(step: JSONObject, specs: dict[str, ToolSpec], mount_dir: str) -> tuple[str, JSONObject] | None:
     """One script step → ``(tool name, arguments)`` with the offered tools, or None if none can express it."""
     kind, shell = step.get("tool"), specs.get("shell")
     if kind == "write_file":
@@ -181,7 +182,7 @@ def plan_call(step: dict[str, Any], specs: dict[str, ToolSpec], mount_dir: str) 
 _REQUIRED = {"write_file": ("path", "content"), "bash": ("command",), "read_file": ("path",)}
 
 
-def validate_steps(steps: Any, source: str) -> list[dict[str, Any]]:
+def validate_steps(steps: Any, source: str) -> list[JSONObject]:
     """Check a script: a list of tool steps ending with ``{"final": text}``. Raises PolicyError."""
     if not isinstance(steps, list) or not steps:
         raise PolicyError(f"{source}: the script must be a non-empty list of steps ending with {{'final': text}}")
@@ -203,7 +204,7 @@ def validate_steps(steps: Any, source: str) -> list[dict[str, Any]]:
     return steps
 
 
-def load_script(path: str | Path, key: str = "steps") -> list[dict[str, Any]] | None:
+def load_script(path: str | Path, key: str = "steps") -> list[JSONObject] | None:
     """The validated ``key`` list of a script file (a bare list is taken as the steps); None if absent."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -229,7 +230,7 @@ class ScriptedPolicy(PolicyBackend):
         self.mode = mode
         self.think = think
         self._tokenizer = tokenizer
-        self._file_steps: list[dict[str, Any]] | None = None
+        self._file_steps: list[JSONObject] | None = None
         if mode.startswith("file:"):
             path = Path(mode[len("file:"):]).expanduser()
             if not path.is_file():
@@ -251,7 +252,7 @@ class ScriptedPolicy(PolicyBackend):
             self._tokenizer = load_tokenizer()
         return self._tokenizer
 
-    def steps_for(self, task: Task | None) -> tuple[list[dict[str, Any]] | None, str]:
+    def steps_for(self, task: Task | None) -> tuple[list[JSONObject] | None, str]:
         """The script for ``task`` and, when there is none, the reason (for the fallback answer)."""
         if self.mode == "noop":
             return [{"final": NOOP_ANSWER}], ""

@@ -42,6 +42,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.policy.chat_format import content_to_text, render_prompt_text
 from clawgym_env.proxy.splice import (
     TurnKey,
@@ -78,8 +79,8 @@ class PromptIds:
 class _Prompt:
     """One built prompt, kept to be extended: never mutated after it is made."""
 
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None
+    messages: list[JSONObject]
+    tools: list[JSONObject] | None
     enable_thinking: bool | None
     last_query: int | None
     ids: list[int]
@@ -108,7 +109,7 @@ def _standin_text(template: str, content: str, tokenizer: Any) -> str:
     return text if isinstance(text, str) else ""
 
 
-def last_query(messages: Sequence[dict[str, Any]]) -> int | None:
+def last_query(messages: Sequence[JSONObject]) -> int | None:
     """Index of the last user message that is not only a ``<tool_response>`` (None: there is none)."""
     for i in range(len(messages) - 1, -1, -1):
         msg = messages[i]
@@ -119,7 +120,7 @@ def last_query(messages: Sequence[dict[str, Any]]) -> int | None:
     return None
 
 
-def _quoted(msg: dict[str, Any]) -> int | None:
+def _quoted(msg: JSONObject) -> int | None:
     """How many ``<|im_start|>`` the template copies from this message's own strings into its turn
     (None: not certain, e.g. quoted in reasoning the template may drop)."""
     content = content_to_text(msg.get("content"))
@@ -137,8 +138,8 @@ def _quoted(msg: dict[str, Any]) -> int | None:
     return n
 
 
-def _turns(messages: Sequence[dict[str, Any]], first: int,
-           tools: list[dict[str, Any]] | None) -> list[tuple[int, int]] | None:
+def _turns(messages: Sequence[JSONObject], first: int,
+           tools: list[JSONObject] | None) -> list[tuple[int, int]] | None:
     """(message index, ``<|im_start|>`` quoted inside) of every turn from ``first`` on, in order (-1: the
     tools header; ``len(messages)``: the generation prompt). None when a role renders nothing or a
     count is not certain."""
@@ -180,7 +181,7 @@ def _cuts(text: str, turns: list[tuple[int, int]] | None) -> tuple[list[int], li
     return indices, cuts
 
 
-def _moved(state: _Prompt, messages: list[dict[str, Any]], query: int | None) -> list[int]:
+def _moved(state: _Prompt, messages: list[JSONObject], query: int | None) -> list[int]:
     """Assistant turns whose ids may change because the last query moved: those between the two queries
     that were rendered from text, or whose text could shift the alignment of the rendered turns."""
     queries = [q for q in (query, state.last_query) if q is not None]
@@ -202,7 +203,7 @@ def _same_ids(tokenizer: Tokenizer, old: Any, new: Any) -> bool:
     return old is not None and new is not None and turn_ids(tokenizer, old) == turn_ids(tokenizer, new)
 
 
-def _common_prefix(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> int:
+def _common_prefix(a: Sequence[JSONObject], b: Sequence[JSONObject]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
@@ -225,7 +226,7 @@ class PromptCache:
         with self._lock:
             self._states = []
 
-    def prompt(self, tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    def prompt(self, tokenizer: Tokenizer, messages: list[JSONObject], tools: list[JSONObject] | None,
                enable_thinking: bool | None, previous_calls: Sequence[Any]) -> PromptIds:
         """What :func:`~clawgym_env.proxy.splice.splice_prompt` returns, reusing a kept prefix when certain.
 
@@ -268,7 +269,7 @@ class PromptCache:
 
     # -- the full path --------------------------------------------------------------------------
 
-    def _full(self, tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    def _full(self, tokenizer: Tokenizer, messages: list[JSONObject], tools: list[JSONObject] | None,
               enable_thinking: bool | None, calls: list[Any], keep: bool) -> PromptIds:
         text = render_prompt_text(tokenizer, messages, tools, enable_thinking)
         assistants = [m for m in messages if m.get("role") == "assistant"]
@@ -296,8 +297,8 @@ class PromptCache:
 
     # -- the incremental path -------------------------------------------------------------------
 
-    def _candidates(self, tokenizer: Tokenizer, states: list[_Prompt], messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None, enable_thinking: bool | None, query: int | None,
+    def _candidates(self, tokenizer: Tokenizer, states: list[_Prompt], messages: list[JSONObject],
+                    tools: list[JSONObject] | None, enable_thinking: bool | None, query: int | None,
                     calls: list[Any]) -> list[tuple[_Prompt, int, bool]]:
         """Kept prompts this request extends: (prompt, message index to cut at, whether the request repeats
         all its messages), longest reuse first."""
@@ -325,7 +326,7 @@ class PromptCache:
         return sorted(found, key=lambda sc: -sc[1])
 
     @staticmethod
-    def _cut(state: _Prompt, messages: list[dict[str, Any]], limit: int) -> int:
+    def _cut(state: _Prompt, messages: list[JSONObject], limit: int) -> int:
         """The largest message index <= ``limit`` where both conversations can be cut (0: none)."""
         kept = state.messages
         for j in range(limit, 0, -1):
@@ -343,7 +344,7 @@ class PromptCache:
             return j
         return 0
 
-    def _extend(self, tokenizer: Tokenizer, state: _Prompt, cut: int, whole: bool, messages: list[dict[str, Any]],
+    def _extend(self, tokenizer: Tokenizer, state: _Prompt, cut: int, whole: bool, messages: list[JSONObject],
                 enable_thinking: bool | None, query: int | None, calls: list[Any]) -> PromptIds | None:
         standin = {"role": "user", "content": _QUERY_STANDIN if query is not None and query < cut
                    else _NO_QUERY_STANDIN}

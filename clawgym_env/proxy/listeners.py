@@ -33,6 +33,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,7 @@ class _Guard:
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
     cycle: Any
-    app_state: dict[str, Any]
+    app_state: dict[str, Any]  # uvicorn's attribute, typed as uvicorn types it (its ASGI state)
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         """Set ``TCP_NODELAY`` on the new connection, count it and start its idle watchdog."""
@@ -210,7 +211,7 @@ class Server(uvicorn.Server):
         self.loop = asyncio.get_running_loop()
         await super().startup(sockets=sockets)
 
-    def _factory(self, state: dict[str, Any]) -> Any:
+    def _factory(self, state: Mapping[str, object]) -> Any:
         config = self.config
 
         def create_protocol() -> asyncio.Protocol:
@@ -218,7 +219,7 @@ class Server(uvicorn.Server):
                                               app_state=dict(state))
         return create_protocol
 
-    def add_listener(self, sock: socket.socket, state: dict[str, Any], timeout: float = 10.0) -> Any:
+    def add_listener(self, sock: socket.socket, state: Mapping[str, object], timeout: float = 10.0) -> Any:
         """Serve ``sock`` with ``state`` as every request's ASGI state; returns a handle for removal."""
         loop = self.loop
         if loop is None or not self.started:

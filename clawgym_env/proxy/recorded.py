@@ -25,6 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from clawgym_env.jsontypes import JSONObject
+
 DISCRIMINATORS = frozenset({"type", "role"})
 """Keys read by the request models' discriminators (never declared as fields, always kept)."""
 ELIDED_KEY = "clawgym_elided"
@@ -91,7 +93,7 @@ def _walk(model: Any, raw: Any, budget: _Budget) -> Any:
         if getattr(model, "sent", None) is raw or not isinstance(raw, dict):
             return raw  # passed on whole to the template, or validated from another shape
         known = type(model).model_fields
-        out: dict[str, Any] = {}
+        out: JSONObject = {}
         for key, value in raw.items():
             if key in known:
                 out[key] = _walk(getattr(model, key), value, budget)

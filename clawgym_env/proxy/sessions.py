@@ -31,6 +31,7 @@ from typing import Any, Literal, TextIO
 
 from clawgym_env.capture.records import CallRecord, Dialect, dump_record, read_calls
 from clawgym_env.errors import ProxyError
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.policy.base import SamplingOverrides, SamplingParams
 from clawgym_env.proxy.deltas import Segmentation
 from clawgym_env.proxy.guards.limits import CHARS_PER_TOKEN_BOUND
@@ -90,7 +91,7 @@ class _SpliceStub:
 
     prompt_token_ids: list[int]  # the generation-prompt opener and tail only
     output_token_ids: list[int]
-    response_message: dict[str, Any]
+    response_message: JSONObject
 
 
 class EpisodeSession:
@@ -301,8 +302,8 @@ class SessionRegistry:
 class TurnRequest:
     """A chat request reduced to what the pipeline needs (OpenAI-chat message shape)."""
 
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]]  # offered to the template (already empty for tool_choice "none")
+    messages: list[JSONObject]
+    tools: list[JSONObject]  # offered to the template (already empty for tool_choice "none")
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -324,7 +325,7 @@ class TurnMeta:
 
     dialect: Dialect
     path: str
-    body: dict[str, Any]
+    body: JSONObject
     headers: dict[str, str]
     started_at: float
 
@@ -337,7 +338,7 @@ class TurnResult:
     record: CallRecord
     pieces: list[str]  # one text piece per recorded output token
     seg: Segmentation
-    message: dict[str, Any]  # the assistant message, OpenAI chat shape (tool-call ids included)
+    message: JSONObject  # the assistant message, OpenAI chat shape (tool-call ids included)
     finish_reason: str  # "stop" | "length" | "tool_calls"
     logprobs: list[float]
     token_bytes: list[bytes] | None = None  # per output token, only when the request asked for logprobs

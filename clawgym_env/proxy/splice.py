@@ -31,6 +31,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.policy.chat_format import content_to_text, render_prompt_text
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def _canonical_args(args: Any) -> str:
     return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def turn_key(message: dict[str, Any]) -> tuple[str, tuple[tuple[str, str], ...]]:
+def turn_key(message: JSONObject) -> tuple[str, tuple[tuple[str, str], ...]]:
     """What identifies an assistant turn across a harness's rewrites."""
     calls = []
     for tc in message.get("tool_calls") or []:
@@ -155,7 +156,7 @@ def turn_ids(tokenizer: Tokenizer, call: Any) -> list[int]:
     return ids
 
 
-def splice_region(tokenizer: Tokenizer, text: str, assistants: Sequence[dict[str, Any]],
+def splice_region(tokenizer: Tokenizer, text: str, assistants: Sequence[JSONObject],
                   resolve: Callable[[TurnKey], Any], cuts: Sequence[int] = ()) -> Spliced | None:
     """Tokenise ``text`` (a rendering holding exactly the turns ``assistants``) with matched turns spliced.
 
@@ -213,7 +214,7 @@ def missed_reason(missed: Sequence[int], assistants: int) -> str | None:
             "rendered from text")
 
 
-def splice_prompt(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+def splice_prompt(tokenizer: Tokenizer, messages: list[JSONObject], tools: list[JSONObject] | None,
                   enable_thinking: bool | None, previous_calls: Sequence[Any]) -> tuple[list[int], bool, str | None]:
     """Prompt ids for ``messages`` with earlier sampled assistant turns spliced in (the full render).
 

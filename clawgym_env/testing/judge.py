@@ -26,7 +26,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -34,7 +33,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-Handler = Callable[[dict[str, Any]], "tuple[int, str]"]
+from clawgym_env.jsontypes import JSONObject
+
+Handler = Callable[[JSONObject], "tuple[int, str]"]
 """Decides one answer: request body → (HTTP status, text)."""
 
 
@@ -55,7 +56,7 @@ class JudgeServer:
 
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
-        self.requests: list[dict[str, Any]] = []
+        self.requests: list[JSONObject] = []
         self._lock = threading.Lock()
 
         async def chat(request: Request) -> JSONResponse:

@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 from clawgym_env.errors import PolicyError
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
 from clawgym_env.policy.chat_format import assistant_text
 from clawgym_env.policy.tokenizer import load_tokenizer
@@ -42,7 +43,7 @@ from clawgym_env.policy.tokenizer import load_tokenizer
 FAIL = "__please_fail__"
 """A last user message equal to this makes :meth:`EchoScriptPolicy.generate` raise ``PolicyError``."""
 
-DEFAULT_TOOL_ARGS: dict[str, Any] = {"path": "notes/ünïcode.txt", "limit": 5}
+DEFAULT_TOOL_ARGS: JSONObject = {"path": "notes/ünïcode.txt", "limit": 5}
 
 
 class EchoScriptPolicy(PolicyBackend):
@@ -52,7 +53,7 @@ class EchoScriptPolicy(PolicyBackend):
     version = 3
 
     def __init__(self, tokenizer: Any = None, *, reply: str | None = None, reasoning: str | None = None,
-                 tool_args: dict[str, Any] | None = None, delay_s: float = 0.0) -> None:
+                 tool_args: JSONObject | None = None, delay_s: float = 0.0) -> None:
         self._tokenizer = tokenizer if tokenizer is not None else load_tokenizer()
         self.reply = reply
         """A fixed answer instead of ``"Echo: <last user text>"``."""
@@ -103,7 +104,7 @@ class EchoScriptPolicy(PolicyBackend):
 
 
 def echo_policy(rest: str = "", *, tokenizer: object = None, reply: str | None = None,
-                reasoning: str | None = None, tool_args: dict[str, Any] | None = None,
+                reasoning: str | None = None, tool_args: JSONObject | None = None,
                 delay_s: float = 0.0) -> EchoScriptPolicy:
     """A policy-registry factory: ``echo`` builds an :class:`EchoScriptPolicy`, ``echo:TEXT`` one
     that always answers ``TEXT`` (an explicit ``reply`` wins); the keywords are the constructor's."""

@@ -32,8 +32,8 @@ import json
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.task import Suite, Task, TaskLimits
 
 SUITE_NAME = "echo"
@@ -73,7 +73,7 @@ ECHO_TASKS: tuple[EchoTaskSpec, ...] = (
 def _write_task(root: Path, spec: EchoTaskSpec, limits: TaskLimits) -> Task:
     task_dir = root / spec.id
     (task_dir / "reward").mkdir(parents=True, exist_ok=True)
-    metadata: dict[str, Any] = {"expect": spec.expect, "grading_type": "automated"}
+    metadata: JSONObject = {"expect": spec.expect, "grading_type": "automated"}
     entry = {"task_id": spec.id, "user_query": spec.instruction, "input_mount_dir": MOUNT_DIR,
              "metadata": metadata, "limits": limits.model_dump()}
     (task_dir / "data_entry.json").write_text(json.dumps(entry, indent=2), encoding="utf-8")

@@ -53,9 +53,10 @@ import json
 import logging
 import threading
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from clawgym_env.errors import PolicyError
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams, TextDelta
 from clawgym_env.policy.chat_format import assistant_text
 from clawgym_env.policy.passthrough.bounds import SilenceWatch, StreamBounds, bounded_lines
@@ -81,6 +82,15 @@ if TYPE_CHECKING:
 PROVIDERS = ("openai", "anthropic")
 log = logging.getLogger("clawgym.policy")
 _INLINE = 4096  # answers shorter than this (characters) are encoded on the event loop (well under a millisecond)
+
+
+class _ClientOptions(TypedDict):
+    """The SDK client's constructor options (the same four for both providers)."""
+
+    base_url: str | None
+    api_key: str | None
+    timeout: float
+    max_retries: int
 
 
 class PassthroughPolicy(PolicyBackend):
@@ -284,8 +294,8 @@ class PassthroughPolicy(PolicyBackend):
             self._client.close()
 
     def _make_client(self, *, asynchronous: bool) -> Any:
-        opts: dict[str, Any] = {"base_url": self.base_url, "api_key": self._api_key, "timeout": self._timeout,
-                "max_retries": self._max_retries}
+        opts: _ClientOptions = {"base_url": self.base_url, "api_key": self._api_key, "timeout": self._timeout,
+                                "max_retries": self._max_retries}
         if self.provider == "openai":
             import openai
 
@@ -298,8 +308,8 @@ class PassthroughPolicy(PolicyBackend):
         with self._lock:
             self._failures.setdefault(episode_id, []).append(redact(message)[:500])
 
-    def _openai_kwargs(self, ctx: GenerationContext, params: SamplingParams) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"model": self.model, "messages": openai_messages(ctx.messages),
+    def _openai_kwargs(self, ctx: GenerationContext, params: SamplingParams) -> JSONObject:
+        kwargs: JSONObject = {"model": self.model, "messages": openai_messages(ctx.messages),
                                   "max_completion_tokens": params.max_tokens, "temperature": params.temperature,
                                   "top_p": params.top_p}
         if ctx.tools:
@@ -310,12 +320,12 @@ class PassthroughPolicy(PolicyBackend):
             kwargs["seed"] = params.seed
         return kwargs
 
-    def _anthropic_kwargs(self, ctx: GenerationContext, params: SamplingParams) -> dict[str, Any]:
+    def _anthropic_kwargs(self, ctx: GenerationContext, params: SamplingParams) -> JSONObject:
         system, messages, tools = anthropic_request(ctx.messages, ctx.tools)
         if not messages:
             raise PolicyError("nothing to send upstream: the conversation has no user or assistant turn")
         # The Messages API of the pinned SDK takes no temperature/top_p: they are not forwarded.
-        kwargs: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": params.max_tokens}
+        kwargs: JSONObject = {"model": self.model, "messages": messages, "max_tokens": params.max_tokens}
         if system:
             kwargs["system"] = system
         if tools:
@@ -359,7 +369,7 @@ def _read_capped(resp: Any, max_bytes: int, what: str) -> bytes:
     return bytes(body)
 
 
-async def _raw_stream(client: Any, kwargs: dict[str, Any], model: str, answer: Answer, bounds: StreamBounds,
+async def _raw_stream(client: Any, kwargs: JSONObject, model: str, answer: Answer, bounds: StreamBounds,
                       watch: SilenceWatch, what: str) -> AsyncIterator[TextDelta]:
     """A streamed Chat Completions call through the async SDK client, its server-sent events read raw."""
     async with client.chat.completions.with_streaming_response.create(**kwargs, stream=True) as resp:
@@ -368,7 +378,7 @@ async def _raw_stream(client: Any, kwargs: dict[str, Any], model: str, answer: A
             yield delta
 
 
-async def _raw_anthropic(client: Any, kwargs: dict[str, Any], model: str, answer: Answer, bounds: StreamBounds,
+async def _raw_anthropic(client: Any, kwargs: JSONObject, model: str, answer: Answer, bounds: StreamBounds,
                          watch: SilenceWatch, what: str) -> AsyncIterator[TextDelta]:
     """A streamed Messages call through the async SDK client, its server-sent events read raw."""
     async with client.messages.with_streaming_response.create(**kwargs, stream=True) as resp:

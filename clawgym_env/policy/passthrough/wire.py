@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from clawgym_env.errors import PolicyError
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.policy.base import TextDelta
 from clawgym_env.policy.passthrough.bounds import SilenceWatch, StreamBounds, TextBudget
 
@@ -44,7 +45,7 @@ def _cut(model: str, end: str) -> PolicyError:
                        "connection or a misbehaving upstream); it is not recorded as complete")
 
 
-def tool_arguments(arguments: Any) -> dict[str, Any] | str:
+def tool_arguments(arguments: Any) -> JSONObject | str:
     """Tool-call arguments as an object when they are valid JSON (canonical rendering), else as given."""
     if isinstance(arguments, dict):
         return arguments
@@ -55,12 +56,12 @@ def tool_arguments(arguments: Any) -> dict[str, Any] | str:
     return value if isinstance(value, dict) else str(arguments)
 
 
-def openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def openai_messages(messages: list[JSONObject]) -> list[JSONObject]:
     """Normalised chat messages → the Chat Completions request shape (only the fields it accepts)."""
     out = []
     for m in messages:
         role = m.get("role")
-        msg: dict[str, Any] = {"role": role, "content": m.get("content") or ""}
+        msg: JSONObject = {"role": role, "content": m.get("content") or ""}
         if role == "assistant" and m.get("tool_calls"):
             msg["tool_calls"] = [{"id": tc.get("id") or f"call_{i}", "type": "function",
                                   "function": {"name": tc["function"]["name"],
@@ -74,16 +75,16 @@ def openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def anthropic_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> tuple[str, list, list]:
+def anthropic_request(messages: list[JSONObject], tools: list[JSONObject]) -> tuple[str, list, list]:
     """Normalised chat messages and function tools → (system, messages, tools) for the Messages API.
 
     System messages join into ``system``; tool results become ``tool_result`` blocks of a user turn;
     consecutive turns of one role merge (the API wants them alternating).
     """
     system: list[str] = []
-    out: list[dict[str, Any]] = []
+    out: list[JSONObject] = []
 
-    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+    def add(role: str, blocks: list[JSONObject]) -> None:
         if not blocks:
             return
         if out and out[-1]["role"] == role:
@@ -96,7 +97,7 @@ def anthropic_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]
         if role == "system":
             system.append(text)
         elif role == "assistant":
-            blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text.strip() else []
+            blocks: list[JSONObject] = [{"type": "text", "text": text}] if text.strip() else []
             for i, tc in enumerate(m.get("tool_calls") or []):
                 args = tool_arguments(tc["function"].get("arguments"))
                 blocks.append({"type": "tool_use", "id": tc.get("id") or f"toolu_{len(out)}_{i}",
@@ -120,7 +121,7 @@ class Answer:
 
     content: str = ""
     reasoning: str | None = None
-    calls: list[tuple[str, dict[str, Any] | str]] = dataclasses.field(default_factory=list)
+    calls: list[tuple[str, JSONObject | str]] = dataclasses.field(default_factory=list)
     finish: str = "stop"
 
 
@@ -142,7 +143,7 @@ def openai_answer(resp: Any, model: str) -> Answer:
     return Answer(msg.content or "", reasoning_of(msg), calls, "length" if choice.finish_reason == "length" else "stop")
 
 
-async def openai_stream(client: Any, kwargs: dict[str, Any], model: str, answer: Answer,
+async def openai_stream(client: Any, kwargs: JSONObject, model: str, answer: Answer,
                         bounds: StreamBounds | None = None,
                         watch: SilenceWatch | None = None) -> AsyncIterator[TextDelta]:
     """Chat Completions streamed: yield text as it comes, then fill ``answer`` as :func:`openai_answer` would
@@ -186,7 +187,7 @@ def anthropic_json_answer(data: Any, model: str) -> Answer:
         raise PolicyError(f"upstream {model!r} returned no message content")
     texts: list[str] = []
     thinking: list[str] = []
-    calls: list[tuple[str, dict[str, Any] | str]] = []
+    calls: list[tuple[str, JSONObject | str]] = []
     for block in data["content"]:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
@@ -221,7 +222,7 @@ def anthropic_answer(resp: Any) -> Answer:
     """The answer of a Messages reply (the SDK's model): text, thinking and tool-use blocks in order."""
     texts: list[str] = []
     thinking: list[str] = []
-    calls: list[tuple[str, dict[str, Any] | str]] = []
+    calls: list[tuple[str, JSONObject | str]] = []
     for block in resp.content:
         kind = getattr(block, "type", None)
         if kind == "text":
@@ -234,7 +235,7 @@ def anthropic_answer(resp: Any) -> Answer:
     return Answer("".join(texts), "\n".join(thinking) if thinking else None, calls, finish)
 
 
-async def anthropic_stream(client: Any, kwargs: dict[str, Any], answer: Answer, bounds: StreamBounds | None = None,
+async def anthropic_stream(client: Any, kwargs: JSONObject, answer: Answer, bounds: StreamBounds | None = None,
                            watch: SilenceWatch | None = None) -> AsyncIterator[TextDelta]:
     """Messages streamed (the SDK's stream helper, for clients other than the SDK's own): yield text as it comes,
     then fill ``answer`` from the final message exactly as :func:`anthropic_answer` reads a non-streamed one."""
@@ -267,7 +268,7 @@ async def anthropic_raw_stream(lines: AsyncIterator[str], model: str, answer: An
                                watch: SilenceWatch | None = None) -> AsyncIterator[TextDelta]:
     """:func:`anthropic_stream` over the raw server-sent event lines of a streamed Messages reply (the path of
     the SDK's own client): the same answer, read without the SDK's per-event models."""
-    blocks: dict[int, dict[str, Any]] = {}  # index -> {"type", "pieces", "name", "input"}
+    blocks: dict[int, JSONObject] = {}  # index -> {"type", "pieces", "name", "input"}
     started, ended, stop_reason, budget = False, False, None, _budget(bounds)
     async for data in _sse_data(lines):  # read to the end after message_stop: the connection is then reused
         event = json.loads(data)
@@ -312,12 +313,12 @@ async def anthropic_raw_stream(lines: AsyncIterator[str], model: str, answer: An
     answer.finish = "length" if budget.full or stop_reason == "max_tokens" else "stop"
 
 
-def _index(event: dict[str, Any]) -> int:
+def _index(event: JSONObject) -> int:
     index = event.get("index")
     return index if isinstance(index, int) else 0
 
 
-def _delta_piece(slot: dict[str, Any] | None, delta: dict[str, Any]) -> str | None:
+def _delta_piece(slot: JSONObject | None, delta: JSONObject) -> str | None:
     """The text a content-block delta adds to its block (None: nothing the answer reads)."""
     if slot is None:
         return None
@@ -329,7 +330,7 @@ def _delta_piece(slot: dict[str, Any] | None, delta: dict[str, Any]) -> str | No
     return piece if isinstance(piece, str) else None
 
 
-def _tool_input(block: dict[str, Any]) -> dict[str, Any]:
+def _tool_input(block: JSONObject) -> JSONObject:
     """A tool_use block's input: its streamed JSON when it sent some, else the input its start carried."""
     if block["pieces"]:
         try:
@@ -341,7 +342,7 @@ def _tool_input(block: dict[str, Any]) -> dict[str, Any]:
     return dict(value) if isinstance(value, dict) else {}
 
 
-def _json_reasoning(obj: dict[str, Any]) -> str | None:
+def _json_reasoning(obj: JSONObject) -> str | None:
     value = obj.get("reasoning_content") or obj.get("reasoning") or None
     return value if isinstance(value, str) else None
 

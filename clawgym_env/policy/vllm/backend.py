@@ -35,10 +35,11 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from clawgym_env.errors import PolicyError
-from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams
+from clawgym_env.jsontypes import JSONObject
+from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams, SyncReport
 from clawgym_env.policy.http_json import request_json
 from clawgym_env.policy.vllm.weights import WeightReloader, reload_inplace, ties_embeddings
 
@@ -59,6 +60,12 @@ def normalize_base_url(url: str) -> str:
         raise PolicyError(f"not an http(s) URL: {url!r}; pass the vLLM server's address, "
                           "e.g. http://127.0.0.1:8000")
     return url
+
+
+class FolderSyncReport(SyncReport):
+    """A weight sync from a checkpoint folder: the :class:`SyncReport` and the ``model_dir`` reloaded."""
+
+    model_dir: str
 
 
 class VLLMPolicy(PolicyBackend):
@@ -94,7 +101,7 @@ class VLLMPolicy(PolicyBackend):
             tokenizer = load_tokenizer()
         self._tokenizer = tokenizer
         self.version = 0
-        self.last_sync: dict[str, Any] | None = None
+        self.last_sync: FolderSyncReport | None = None
         self._gate = threading.Condition()
         self._in_flight = 0
         self._syncing = False
@@ -124,7 +131,7 @@ class VLLMPolicy(PolicyBackend):
             self.check_tokenizer()
 
     # -- HTTP ------------------------------------------------------------------------------------
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _request(self, method: str, path: str, body: JSONObject | None = None) -> JSONObject:
         """One JSON request with retries on connection failures; any failure → :class:`PolicyError`."""
         return request_json(self._client, method, path, service="the vLLM server", url=self.base_url,
                             retries=self.retries, backoff_s=self.backoff_s, retry_status=_RETRYABLE_STATUS, json=body,
@@ -145,10 +152,10 @@ class VLLMPolicy(PolicyBackend):
         """The tokenizer the server was checked against (its ids are the prompt ids)."""
         return self._tokenizer
 
-    def request_body(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int) -> dict[str, Any]:
+    def request_body(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int) -> JSONObject:
         """The ``/v1/completions`` body for one generation."""
         greedy = float(params.temperature) <= GREEDY_EPS
-        body: dict[str, Any] = {
+        body: JSONObject = {
             "model": self.model, "prompt": [int(t) for t in prompt_ids], "max_tokens": int(max_tokens),
             "temperature": 0.0 if greedy else float(params.temperature),
             "top_p": 1.0 if greedy else float(params.top_p),
@@ -194,7 +201,7 @@ class VLLMPolicy(PolicyBackend):
         ids, logprobs, finish = self._parse(out)
         return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version)
 
-    def _parse(self, out: dict[str, Any]) -> tuple[list[int], list[float], str]:
+    def _parse(self, out: JSONObject) -> tuple[list[int], list[float], str]:
         try:
             choice = out["choices"][0]
             ids = [int(t) for t in choice["token_ids"]]

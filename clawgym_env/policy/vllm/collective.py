@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from clawgym_env.errors import PolicyError
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.policy.vllm.ext.clawgym_vllm_ext import GroupSpec, WeightGroup, encode_meta, make_group
 
 
@@ -71,7 +72,7 @@ class WeightBroadcaster:
         return self._post(url, "/collective_rpc", json={"method": method, "kwargs": kwargs,
                                                         "timeout": self.timeout_s}).get("results") or []
 
-    def _post(self, url: str, path: str, **kw: Any) -> dict[str, Any]:
+    def _post(self, url: str, path: str, **kw: Any) -> JSONObject:
         import httpx
 
         try:
@@ -86,7 +87,7 @@ class WeightBroadcaster:
                               + (" (was the server started with worker_extension=True?)"
                                  if "clawgym_" in resp.text else ""))
         try:
-            out: dict[str, Any] = resp.json() if resp.content else {}
+            out: JSONObject = resp.json() if resp.content else {}
         except ValueError:
             out = {}
         return out

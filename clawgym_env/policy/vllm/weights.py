@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from clawgym_env.errors import PolicyError
+from clawgym_env.jsontypes import JSONObject
 
 
 class WeightReloader(Protocol):
@@ -68,10 +69,10 @@ def reload_inplace(client: Any, model_dir: str | os.PathLike, timeout_s: float =
     post("/resume")
 
 
-def model_config(model_dir: str | os.PathLike) -> dict[str, Any]:
+def model_config(model_dir: str | os.PathLike) -> JSONObject:
     """The ``config.json`` of a model folder (:class:`PolicyError` when it cannot be read)."""
     try:
-        config: dict[str, Any] = json.loads((Path(model_dir) / "config.json").read_text())
+        config: JSONObject = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise PolicyError(f"cannot read {model_dir}/config.json: {exc}") from exc
     return config

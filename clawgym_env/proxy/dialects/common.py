@@ -21,6 +21,7 @@ import json
 import uuid
 from typing import Any
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.proxy.deltas import iter_deltas
 from clawgym_env.proxy.sessions import TurnResult
 
@@ -32,12 +33,12 @@ def new_id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex[:24]
 
 
-def sse(event: str, data: dict[str, Any]) -> str:
+def sse(event: str, data: JSONObject) -> str:
     """One server-sent event with a named type and a JSON payload."""
     return f"event: {event}\ndata: " + json.dumps(data, ensure_ascii=False) + "\n\n"
 
 
-def json_object(text: str) -> dict[str, Any] | None:
+def json_object(text: str) -> JSONObject | None:
     """``text`` parsed as a JSON object (NaN/Infinity rejected), else None."""
     def no_constants(name: str) -> Any:
         raise ValueError(name)

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol, cast, get_args
 
 from clawgym_env.capture.records import Dialect
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.proxy.dialects import dialects as dialect_registry
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ class DialectModule(Protocol):
         """Validate a request body and map it; a malformed one raises a 400 naming the field."""
         ...
 
-    def render_response(self, res: TurnResult, model: str) -> dict[str, Any]:
+    def render_response(self, res: TurnResult, model: str) -> JSONObject:
         """The non-streamed answer for a finished turn."""
         ...
 
@@ -47,7 +48,7 @@ class DialectModule(Protocol):
         ...
 
     def error_body(self, status: int, message: str, field: str | None = None,
-                   code: str | None = None) -> dict[str, Any]:
+                   code: str | None = None) -> JSONObject:
         """The dialect's own error envelope."""
         ...
 

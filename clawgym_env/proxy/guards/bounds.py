@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import Counter
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from clawgym_env.errors import ProxyError
 
@@ -130,6 +130,17 @@ class ProxyLimits:
         return cls(**values)
 
 
+class BudgetUsage(TypedDict):
+    """A snapshot of a :class:`Budget` (:meth:`Budget.usage`); per-episode counts by episode token."""
+
+    connections: int
+    inflight_bytes: int
+    episode_inflight: dict[str, int]
+    episode_connections: dict[str, int]
+    peak_connections: int
+    peak_inflight_bytes: int
+
+
 class Budget:
     """The running count against a :class:`ProxyLimits` (thread safe; see the module invariants)."""
 
@@ -177,7 +188,7 @@ class Budget:
         """A new request's share of the budget (released by :meth:`Ticket.close`)."""
         return Ticket(self)
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> BudgetUsage:
         """Current and peak counts: ``connections``, ``inflight_bytes``, per-episode ``episode_inflight``
         (token → bytes) and the peaks since start."""
         with self._lock:

@@ -44,7 +44,7 @@ import tarfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from clawgym_env.errors import SandboxError
 from clawgym_env.files.walk import chown_tree
@@ -236,7 +236,19 @@ def ensure_image(client: DockerClient, tag: str = IMAGE) -> str:
         return tag
 
 
-def release(res: dict[str, Any]) -> list[str]:
+class Ledger(TypedDict, total=False):
+    """What a Docker sandbox created and :func:`release` must undo; each key is set once its thing exists."""
+
+    client: Any  # the Docker SDK's client (an untyped library)
+    container: str  # the container id
+    lifeline: Any  # the socket attached to the container's stdin (the SDK's own object)
+    ws_out: tuple[Place, str]  # the workspace place and the host folder it is copied back into
+    places: list[Place]  # HOME and the workspace
+    root: Path  # the staging folder
+    ctl: Path  # a pooled container's proxy socket folder
+
+
+def release(res: Ledger) -> list[str]:
     """Undo what a Docker sandbox created, in order: the container (and with it every process), then the
     workspace copied back, then HOME and the workspace freed. ``res`` is the sandbox's ledger; this
     must not reference the sandbox itself (it runs from a finalizer)."""
@@ -266,10 +278,10 @@ def release(res: dict[str, Any]) -> list[str]:
             place.release()
         except OSError as exc:
             errors.append(f"could not free {place.path}: {exc}")
-    for key in ("root", "ctl"):  # the staging folder; a pooled container's proxy socket folder
-        if key in res:
+    for folder in (res.pop("root", None), res.pop("ctl", None)):  # staging; a pooled container's socket folder
+        if folder is not None:
             try:
-                remove_tree(res.pop(key))
+                remove_tree(folder)
             except OSError:
                 pass
     if client is not None:

@@ -80,6 +80,7 @@ from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxSpec, limit_tag
 from clawgym_env.sandbox.docker.files import DockerFiles
 from clawgym_env.sandbox.docker.host import (
     IMAGE,
+    Ledger,
     Place,
     _under,
     account,
@@ -136,7 +137,7 @@ class DockerSandbox(DockerFiles, Sandbox):
         self.uid, self.gid = -1, -1
         self._client: Any = None
         self._container: Any = None
-        self._res: dict[str, Any] = {}  # what _release must undo (see there)
+        self._res: Ledger = {}  # what _release must undo (see there)
         self._finalizer: weakref.finalize | None = None
         self._py: str | None = None
         self._targets: list[tuple[str, Place | None]] = []  # (mount target inside, its Place if any)

@@ -35,6 +35,9 @@ from typing import Any
 import torch
 
 BACKENDS = ("gloo", "nccl")
+#: The JSON object a worker answers an RPC with (``clawgym_env.jsontypes.JSONObject``, spelled out: this module
+#: imports nothing of ``clawgym_env``, see the module doc).
+JSONObject = dict[str, Any]
 _DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float32, torch.float16, torch.bfloat16, torch.float64,
                                                       torch.int64, torch.int32, torch.uint8, torch.int8, torch.bool)}
 
@@ -191,7 +194,7 @@ class WeightReceiverExtension:
     refuses an extension that shadows one).
     """
 
-    def clawgym_init_weight_group(self, spec: str, rank_offset: str | int) -> dict[str, Any]:
+    def clawgym_init_weight_group(self, spec: str, rank_offset: str | int) -> JSONObject:
         """Join the weight group described by ``spec`` (:meth:`GroupSpec.to_json`) as
         ``rank_offset`` + this worker's rank."""
         parsed = GroupSpec.from_json(spec)
@@ -199,7 +202,7 @@ class WeightReceiverExtension:
         self._clawgym_group: WeightGroup | None = make_group(parsed, rank)
         return {"rank": rank, "world_size": parsed.world_size}
 
-    def clawgym_update_weights(self, meta: str) -> dict[str, Any]:
+    def clawgym_update_weights(self, meta: str) -> JSONObject:
         """Receive the tensors announced in ``meta`` (:func:`encode_meta`) and reload them in place."""
         group = getattr(self, "_clawgym_group", None)
         if group is None:

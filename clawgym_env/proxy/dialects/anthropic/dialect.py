@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.policy.chat_format import render_prompt_ids
 from clawgym_env.proxy.dialects.anthropic.render import error_body, render_response, signature
 from clawgym_env.proxy.dialects.anthropic.request import (
@@ -113,7 +114,7 @@ def _result_text(content: ResultContent | None, refs: set[str]) -> str:
     return JOIN.join(parts)
 
 
-def _user(content: UserContent, out: list[dict[str, Any]], refs: set[str]) -> None:
+def _user(content: UserContent, out: list[JSONObject], refs: set[str]) -> None:
     texts: list[str] = []
     start = len(out)
 
@@ -138,7 +139,7 @@ def _user(content: UserContent, out: list[dict[str, Any]], refs: set[str]) -> No
         out.append({"role": "user", "content": ""})
 
 
-def _assistant(content: AssistantContent) -> dict[str, Any]:
+def _assistant(content: AssistantContent) -> JSONObject:
     texts, thoughts, calls = [], [], []
     for block in [TextBlock(text=content)] if isinstance(content, str) else content:
         if isinstance(block, TextBlock):
@@ -148,7 +149,7 @@ def _assistant(content: AssistantContent) -> dict[str, Any]:
         elif isinstance(block, ToolUseBlock):
             calls.append({"id": block.id, "type": "function",
                           "function": {"name": block.name, "arguments": json.dumps(block.input, ensure_ascii=False)}})
-    msg: dict[str, Any] = {"role": "assistant", "content": JOIN.join(texts)}
+    msg: JSONObject = {"role": "assistant", "content": JOIN.join(texts)}
     if any(thoughts):
         msg["reasoning_content"] = JOIN.join(t for t in thoughts if t)
     if calls:
@@ -160,8 +161,8 @@ def _system_text(content: SystemContent) -> str:
     return content if isinstance(content, str) else JOIN.join(block.text for block in content)
 
 
-def _messages(conv: Conversation, refs: set[str]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _messages(conv: Conversation, refs: set[str]) -> list[JSONObject]:
+    out: list[JSONObject] = []
     system = _system_text(conv.system) if conv.system is not None else ""
     if system:  # an empty system prompt adds no turn, as if it were absent
         out.append({"role": "system", "content": system})
@@ -175,14 +176,14 @@ def _messages(conv: Conversation, refs: set[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(conv: Conversation, refs: set[str]) -> list[dict[str, Any]]:
+def _tools(conv: Conversation, refs: set[str]) -> list[JSONObject]:
     out = []
     for tool in conv.tools or []:
         if not isinstance(tool, CustomTool):
             continue  # a server tool (web search, code execution...): nothing the template can offer
         if tool.defer_loading and tool.name not in refs:
             continue
-        fn: dict[str, Any] = {"name": tool.name}
+        fn: JSONObject = {"name": tool.name}
         if tool.description is not None:
             fn["description"] = tool.description
         fn["parameters"] = tool.input_schema
@@ -190,7 +191,7 @@ def _tools(conv: Conversation, refs: set[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _offered(conv: Conversation, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _offered(conv: Conversation, tools: list[JSONObject]) -> list[JSONObject]:
     choice = conv.tool_choice
     if choice is None:
         return tools
@@ -201,7 +202,7 @@ def _offered(conv: Conversation, tools: list[dict[str, Any]]) -> list[dict[str, 
     return tools
 
 
-def _conversation(conv: Conversation) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool | None]:
+def _conversation(conv: Conversation) -> tuple[list[JSONObject], list[JSONObject], bool | None]:
     refs: set[str] = set()
     messages = _messages(conv, refs)
     offered = _offered(conv, _tools(conv, refs))

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.proxy.dialects.common import json_object, new_id, split_output
 from clawgym_env.proxy.sessions import TurnResult
 
@@ -20,10 +20,10 @@ def signature(thinking: str) -> str:
     return "clawgym-" + hashlib.sha256(thinking.encode("utf-8")).hexdigest()
 
 
-def answer_blocks(res: TurnResult) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+def answer_blocks(res: TurnResult) -> list[tuple[JSONObject, list[JSONObject]]]:
     """(final block, stream deltas) per content block, in order: thinking, text, tool_use."""
     out = split_output(res)
-    blocks: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+    blocks: list[tuple[JSONObject, list[JSONObject]]] = []
     if out.reasoning:
         sig = signature(out.reasoning)
         deltas = [{"type": "thinking_delta", "thinking": c} for c in out.reasoning_chunks]
@@ -56,13 +56,13 @@ def usage(res: TurnResult) -> dict[str, int]:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
 
 
-def message_object(res: TurnResult, model: str, content: list[dict[str, Any]]) -> dict[str, Any]:
+def message_object(res: TurnResult, model: str, content: list[JSONObject]) -> JSONObject:
     """A ``message`` object with ``content`` and no stop reason yet (set by the caller)."""
     return {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": res.request.model or model,
             "content": content, "stop_reason": None, "stop_sequence": None, "usage": usage(res)}
 
 
-def render_response(res: TurnResult, model: str) -> dict[str, Any]:
+def render_response(res: TurnResult, model: str) -> JSONObject:
     """The ``message`` object for a finished turn."""
     msg = message_object(res, model, [block for block, _ in answer_blocks(res)])
     msg["stop_reason"], msg["stop_sequence"] = stop_reason(res)
@@ -74,7 +74,7 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 503: "overloaded_error", 529: "overloaded_error"}
 
 
-def error_body(status: int, message: str, field: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(status: int, message: str, field: str | None = None, code: str | None = None) -> JSONObject:
     """Anthropic's error envelope ``{"type": "error", "error": {"type", "message"}}``."""
     kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": message}, "request_id": new_id("req_")}

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, Tag, model_validator
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.proxy.dialects.request_base import (
     ARRAY,
     STRING,
@@ -122,7 +123,7 @@ class ToolUseBlock(RequestModel):
 
     id: Name
     name: str  # may be empty: a sampled call the harness sends back
-    input: dict[str, Any] = Field(default_factory=dict)
+    input: JSONObject = Field(default_factory=dict)
 
 
 AssistantBlock = Annotated[
@@ -170,7 +171,7 @@ class CustomTool(RequestModel):
     """A custom tool (no ``type`` or ``"custom"``): offered as a function tool."""
 
     name: Name
-    input_schema: dict[str, Any]
+    input_schema: JSONObject
     description: str | None = None
     defer_loading: bool | None = None  # offered only once a tool_reference names it
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.proxy.dialects.anthropic.render import (
     answer_blocks,
     error_body,
@@ -38,17 +39,17 @@ def stream_response(res: TurnResult, model: str) -> Iterator[str]:
     yield from _end(res)
 
 
-_EMPTY: dict[str, dict[str, Any]] = {"thinking": {"thinking": "", "signature": ""}, "text": {"text": ""},
+_EMPTY: dict[str, JSONObject] = {"thinking": {"thinking": "", "signature": ""}, "text": {"text": ""},
                                      "tool_use": {"input": {}}}
 
 
-def _block_start(index: int, block: dict[str, Any]) -> str:
+def _block_start(index: int, block: JSONObject) -> str:
     head = {k: v for k, v in block.items() if k in ("type", "id", "name")}
     return sse("content_block_start", {"type": "content_block_start", "index": index,
                                        "content_block": {**head, **_EMPTY[block["type"]]}})
 
 
-def _block_delta(index: int, delta: dict[str, Any]) -> str:
+def _block_delta(index: int, delta: JSONObject) -> str:
     return sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
 
 
@@ -70,7 +71,7 @@ class MessagesLive:
     def __init__(self, req: TurnRequest, model: str, start: LiveStart) -> None:
         usage = {"input_tokens": start.prompt_tokens, "output_tokens": 0, "cache_creation_input_tokens": 0,
                  "cache_read_input_tokens": 0}
-        self.start: dict[str, Any] = {"id": new_id("msg_"), "type": "message", "role": "assistant",
+        self.start: JSONObject = {"id": new_id("msg_"), "type": "message", "role": "assistant",
                                       "model": req.model or model, "content": [], "stop_reason": None,
                                       "stop_sequence": None, "usage": usage}
         self.index = -1

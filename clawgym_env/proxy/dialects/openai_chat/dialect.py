@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.proxy.deltas import Delta, iter_deltas
 from clawgym_env.proxy.dialects.openai_chat.request import (
     ChatAssistantMessage,
@@ -51,14 +52,14 @@ def _content(content: Any) -> Any:
     return content
 
 
-def _arguments(args: str | dict[str, Any] | None) -> str:
+def _arguments(args: str | JSONObject | None) -> str:
     if args is None:
         return "{}"
     return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
 
 
-def _message(msg: ChatMessage | ChatToolMessage | ChatAssistantMessage) -> dict[str, Any]:
-    new: dict[str, Any] = {"role": msg.role, "content": _content(msg.content)}
+def _message(msg: ChatMessage | ChatToolMessage | ChatAssistantMessage) -> JSONObject:
+    new: JSONObject = {"role": msg.role, "content": _content(msg.content)}
     if isinstance(msg, ChatToolMessage):
         new["tool_call_id"] = msg.tool_call_id
     elif isinstance(msg, ChatAssistantMessage):
@@ -73,7 +74,7 @@ def _message(msg: ChatMessage | ChatToolMessage | ChatAssistantMessage) -> dict[
     return new
 
 
-def _offered_tools(req: ChatRequest) -> list[dict[str, Any]]:
+def _offered_tools(req: ChatRequest) -> list[JSONObject]:
     if req.tool_choice == "none":
         return []
     return [dict(t.sent, type="function") for t in req.tools or []]
@@ -110,14 +111,14 @@ def _ident() -> tuple[str, int]:
     return "chatcmpl-" + uuid.uuid4().hex, int(time.time())
 
 
-def _head(res: TurnResult, model: str, obj: str, ident: tuple[str, int] | None = None) -> dict[str, Any]:
+def _head(res: TurnResult, model: str, obj: str, ident: tuple[str, int] | None = None) -> JSONObject:
     """The fields every chunk of the answer shares (``ident``: the id and time keep-alives already used)."""
     cid, created = ident or _ident()
     return {"id": cid, "object": obj, "created": created, "model": res.request.model or model,
             "system_fingerprint": f"clawgym-{res.record.policy_name}-v{res.record.policy_version}"}
 
 
-def keepalive_chunk(head: dict[str, Any]) -> str:
+def keepalive_chunk(head: JSONObject) -> str:
     """A keep-alive of the answer whose chunks share ``head``: an empty ``chat.completion.chunk``.
 
     Only ``id``, ``object``, ``created``, ``model`` and (when known) ``system_fingerprint`` are taken from
@@ -127,7 +128,7 @@ def keepalive_chunk(head: dict[str, Any]) -> str:
     return "data: " + json.dumps({**keep, "choices": [], "usage": None}, ensure_ascii=False) + "\n\n"
 
 
-def _logprobs(res: TurnResult) -> dict[str, Any] | None:
+def _logprobs(res: TurnResult) -> JSONObject | None:
     if res.token_bytes is None:
         return None
     return {"content": [{"token": raw.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(raw),
@@ -135,7 +136,7 @@ def _logprobs(res: TurnResult) -> dict[str, Any] | None:
             "refusal": None}
 
 
-def render_response(res: TurnResult, model: str) -> dict[str, Any]:
+def render_response(res: TurnResult, model: str) -> JSONObject:
     """The ``chat.completion`` object for a finished turn."""
     return {**_head(res, model, "chat.completion"),
             "choices": [{"index": 0, "message": res.message, "logprobs": _logprobs(res),
@@ -155,7 +156,7 @@ def stream_response(res: TurnResult, model: str, ident: tuple[str, int] | None =
     if res.request.include_usage:
         head["usage"] = None
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+    def chunk(delta: JSONObject, finish: str | None = None) -> str:
         obj = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
         return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
 
@@ -165,7 +166,7 @@ def stream_response(res: TurnResult, model: str, ident: tuple[str, int] | None =
     yield from _tail(res, head, chunk)
 
 
-def _delta(d: Delta) -> dict[str, Any]:
+def _delta(d: Delta) -> JSONObject:
     """The chunk ``delta`` of one streamed increment."""
     if d.kind == "content":
         return {"content": d.text}
@@ -177,7 +178,7 @@ def _delta(d: Delta) -> dict[str, Any]:
     return {"tool_calls": [{"index": d.index, "function": {"arguments": d.text}}]}
 
 
-def _tail(res: TurnResult, head: dict[str, Any], chunk: Callable[..., str]) -> Iterator[str]:
+def _tail(res: TurnResult, head: JSONObject, chunk: Callable[..., str]) -> Iterator[str]:
     """The finish chunk, the usage chunk (when asked for) and ``[DONE]``."""
     yield chunk({}, res.finish_reason)
     if res.request.include_usage:
@@ -190,14 +191,14 @@ class ChatLive:
     sends, the text ones as the policy's text arrives."""
 
     def __init__(self, req: TurnRequest, model: str, start: LiveStart) -> None:
-        self.head_obj: dict[str, Any] = {
+        self.head_obj: JSONObject = {
             "id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": req.model or model,
             "system_fingerprint": f"clawgym-{start.policy_name}-v{start.policy_version}"}
         if req.include_usage:
             self.head_obj["usage"] = None
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> str:
+    def _chunk(self, delta: JSONObject, finish: str | None = None) -> str:
         obj = {**self.head_obj, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
         return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
 
@@ -246,7 +247,7 @@ class ChatKeepAlive:
     def __init__(self, req: TurnRequest, model: str) -> None:
         self.model = model
         self.ident = _ident()
-        self.head: dict[str, Any] = {"id": self.ident[0], "object": "chat.completion.chunk",
+        self.head: JSONObject = {"id": self.ident[0], "object": "chat.completion.chunk",
                                      "created": self.ident[1], "model": req.model or model}
 
     def tick(self) -> str:
@@ -267,7 +268,7 @@ def keepalive(req: TurnRequest, body: Any, model: str) -> ChatKeepAlive:
     return ChatKeepAlive(req, model)
 
 
-def error_body(status: int, message: str, field: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(status: int, message: str, field: str | None = None, code: str | None = None) -> JSONObject:
     """OpenAI's error envelope ``{"error": {message, type, param, code}}``."""
     if status == 500:
         kind = "server_error"
@@ -281,11 +282,11 @@ def error_body(status: int, message: str, field: str | None = None, code: str | 
                       "code": None if code == kind else code}}
 
 
-def models_body(model: str, created: int) -> dict[str, Any]:
+def models_body(model: str, created: int) -> JSONObject:
     """``GET /models``: a list holding the served model."""
     return {"object": "list", "data": [model_body(model, created)]}
 
 
-def model_body(model: str, created: int) -> dict[str, Any]:
+def model_body(model: str, created: int) -> JSONObject:
     """``GET /models/{id}``: the served model."""
     return {"id": model, "object": "model", "created": created, "owned_by": "clawgym"}

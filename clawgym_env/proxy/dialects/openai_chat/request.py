@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.proxy.dialects.request_base import (
     ARRAY,
     OBJECT,
@@ -44,7 +45,7 @@ class PassedOn(RequestModel):
     """A part the pipeline receives as sent (:attr:`sent`: the same keys, values and key order; the chat
     template renders tool definitions with ``tojson``, so even the order reaches the prompt)."""
 
-    _sent: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _sent: JSONObject = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -54,7 +55,7 @@ class PassedOn(RequestModel):
         return model
 
     @property
-    def sent(self) -> dict[str, Any]:
+    def sent(self) -> JSONObject:
         """The object as the request carried it."""
         return self._sent
 
@@ -75,13 +76,13 @@ def _chat_part(value: Any) -> str | None:
 
 
 ChatPart = Annotated[
-    Annotated[str, Tag(STRING)] | Annotated[ChatTextPart, Tag("<text>")] | Annotated[dict[str, Any], Tag("<other>")],
+    Annotated[str, Tag(STRING)] | Annotated[ChatTextPart, Tag("<text>")] | Annotated[JSONObject, Tag("<other>")],
     by_function(_chat_part, "a content part object")]
 ChatContent = Annotated[
     Annotated[str, Tag(STRING)] | Annotated[list[ChatPart], Tag(ARRAY)],
     by_kind("a string, a list of content parts or null")]
 ToolArguments = Annotated[
-    Annotated[str, Tag(STRING)] | Annotated[dict[str, Any], Tag(OBJECT)],
+    Annotated[str, Tag(STRING)] | Annotated[JSONObject, Tag(OBJECT)],
     by_kind("a JSON string")]
 
 
@@ -139,7 +140,7 @@ class ChatFunction(PassedOn):
     """A function tool's definition."""
 
     name: Name
-    parameters: dict[str, Any] | None = None
+    parameters: JSONObject | None = None
 
 
 class ChatTool(PassedOn):

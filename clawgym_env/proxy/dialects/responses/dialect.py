@@ -41,6 +41,7 @@ import base64
 import binascii
 from typing import Any
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.proxy.dialects.common import JOIN
 from clawgym_env.proxy.dialects.request_base import bad, validate_body
 from clawgym_env.proxy.dialects.responses.render import ENCRYPTED_PREFIX, error_body, render_response
@@ -98,8 +99,8 @@ def _reasoning_text(item: ReasoningItem) -> str:
     return ""
 
 
-def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _messages(req: ResponsesRequest) -> list[JSONObject]:
+    out: list[JSONObject] = []
     if req.instructions:
         out.append({"role": "system", "content": req.instructions})
     items = [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
@@ -113,7 +114,7 @@ def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
             open_turn = False
             continue
         if isinstance(item, MessageItem):
-            msg: dict[str, Any] = {"role": item.role, "content": _parts_text(item.content)}
+            msg: JSONObject = {"role": item.role, "content": _parts_text(item.content)}
         elif isinstance(item, FunctionCallItem):
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}
@@ -135,12 +136,12 @@ def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(req: ResponsesRequest) -> list[dict[str, Any]]:
+def _tools(req: ResponsesRequest) -> list[JSONObject]:
     if req.tool_choice == "none":
         return []
     out = []
     for tool in req.function_tools():  # hosted, namespace or custom tools: nothing the template can offer
-        fn: dict[str, Any] = {"name": tool.name}
+        fn: JSONObject = {"name": tool.name}
         if tool.description is not None:
             fn["description"] = tool.description
         if tool.parameters is not None:

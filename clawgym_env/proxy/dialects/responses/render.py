@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import Any
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.proxy.dialects.common import new_id, reasoning_tokens, split_output
 from clawgym_env.proxy.dialects.openai_chat.dialect import error_body as _openai_error_body
 from clawgym_env.proxy.sessions import TurnResult
@@ -21,11 +21,11 @@ def encrypted(reasoning: str) -> str:
     return ENCRYPTED_PREFIX + base64.b64encode(reasoning.encode("utf-8")).decode("ascii")
 
 
-def output_items(res: TurnResult) -> list[dict[str, Any]]:
+def output_items(res: TurnResult) -> list[JSONObject]:
     """The final output items, each with a private ``_chunks`` list (stream deltas) removed on render."""
     out = split_output(res)
     body = res.record.request
-    items: list[dict[str, Any]] = []
+    items: list[JSONObject] = []
     if out.reasoning:
         item = {"id": new_id("rs_"), "type": "reasoning", "summary": [{"type": "summary_text", "text": out.reasoning}]}
         if "reasoning.encrypted_content" in (body.get("include") or []):
@@ -42,13 +42,13 @@ def output_items(res: TurnResult) -> list[dict[str, Any]]:
     return items
 
 
-def public(item: dict[str, Any]) -> dict[str, Any]:
+def public(item: JSONObject) -> JSONObject:
     """An output item as sent (its private ``_chunks`` list removed)."""
     return {k: v for k, v in item.items() if k != "_chunks"}
 
 
-def response_object(res: TurnResult, model: str, rid: str, created: int, output: list[dict[str, Any]] | None,
-              ) -> dict[str, Any]:
+def response_object(res: TurnResult, model: str, rid: str, created: int, output: list[JSONObject] | None,
+              ) -> JSONObject:
     """The ``response`` object of ``res``: in progress (``output`` None) or finished with ``output``."""
     done = output is not None
     status = "in_progress" if not done else "incomplete" if res.finish_reason == "length" else "completed"
@@ -60,11 +60,11 @@ def response_object(res: TurnResult, model: str, rid: str, created: int, output:
                      usage if done else None, output)
 
 
-def envelope(body: dict[str, Any], model: str, sampling: dict[str, Any], rid: str, created: int, status: str,
-              usage: dict[str, Any] | None, output: list[dict[str, Any]] | None) -> dict[str, Any]:
+def envelope(body: JSONObject, model: str, sampling: JSONObject, rid: str, created: int, status: str,
+              usage: JSONObject | None, output: list[JSONObject] | None) -> JSONObject:
     """The ``response`` object's fields for a request ``body`` in any ``status``."""
     asked = body.get("reasoning")
-    reasoning: dict[str, Any] = asked if isinstance(asked, dict) else {}
+    reasoning: JSONObject = asked if isinstance(asked, dict) else {}
     return {"id": rid, "object": "response", "created_at": created, "status": status, "background": False,
             "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
@@ -79,10 +79,10 @@ def envelope(body: dict[str, Any], model: str, sampling: dict[str, Any], rid: st
             "usage": usage, "metadata": body.get("metadata") or {}}
 
 
-def render_response(res: TurnResult, model: str) -> dict[str, Any]:
+def render_response(res: TurnResult, model: str) -> JSONObject:
     """The ``response`` object for a finished turn."""
     return response_object(res, model, new_id("resp_"), int(time.time()), [public(i) for i in output_items(res)])
 
-def error_body(status: int, message: str, field: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(status: int, message: str, field: str | None = None, code: str | None = None) -> JSONObject:
     """OpenAI's error envelope ``{"error": {message, type, param, code}}`` (as in chat completions)."""
     return _openai_error_body(status, message, field, code)

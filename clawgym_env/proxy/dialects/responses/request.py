@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.proxy.dialects.request_base import (
     ARRAY,
     OBJECT,
@@ -148,7 +149,7 @@ class FunctionTool(RequestModel):
 
     name: Name
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JSONObject | None = None
 
 
 class HostedTool(RequestModel):

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.proxy.dialects.common import new_id, sse
 from clawgym_env.proxy.dialects.responses.render import (
     encrypted,
@@ -23,7 +24,7 @@ from clawgym_env.proxy.sessions import TurnRequest, TurnResult
 from clawgym_env.proxy.stream.live import Kind, LiveStart, rest
 
 
-def _item_events(k: int, item: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _item_events(k: int, item: JSONObject) -> Iterator[JSONObject]:
     iid, kind, chunks = item["id"], item["type"], item["_chunks"]
     final = public(item)
     where = {"item_id": iid, "output_index": k}
@@ -68,7 +69,7 @@ def _stream(res: TurnResult, model: str, rid: str, created: int, *, opened: bool
     """The events of :func:`stream_response`; ``opened``: created/in_progress were sent already."""
     items = output_items(res)
     final = response_object(res, model, rid, created, [public(i) for i in items])
-    events: list[dict[str, Any]] = []
+    events: list[JSONObject] = []
     if not opened:
         head = response_object(res, model, rid, created, None)
         events += [{"type": "response.created", "response": head}, {"type": "response.in_progress", "response": head}]
@@ -85,13 +86,13 @@ class ResponsesKeepAlive:
     opens the response (``response.created``, ``response.in_progress``), later ticks repeat
     ``response.in_progress``; the answer and an error continue the same response id and sequence numbers."""
 
-    def __init__(self, req: TurnRequest, body: dict[str, Any], model: str) -> None:
+    def __init__(self, req: TurnRequest, body: JSONObject, model: str) -> None:
         self.model, self.body = model, body
         self.rid, self.created, self.seq = new_id("resp_"), int(time.time()), 0
         sampling = {"temperature": req.temperature, "top_p": req.top_p}
         self.head = envelope(body, req.model or model, sampling, self.rid, self.created, "in_progress", None, None)
 
-    def _event(self, event: dict[str, Any]) -> str:
+    def _event(self, event: JSONObject) -> str:
         text = sse(event["type"], {**event, "sequence_number": self.seq})
         self.seq += 1
         return text
@@ -121,7 +122,7 @@ class ResponsesLive:
     :func:`stream_response` sends, the reasoning and message items opened as the policy's text arrives (same
     ids to the end); response id, sequence numbers, keep-alives and errors as :class:`ResponsesKeepAlive`'s."""
 
-    def __init__(self, req: TurnRequest, body: dict[str, Any], model: str) -> None:
+    def __init__(self, req: TurnRequest, body: JSONObject, model: str) -> None:
         self.ka = ResponsesKeepAlive(req, body, model)
         self._event = self.ka._event
         self.tick, self.error = self.ka.tick, self.ka.error
@@ -134,7 +135,7 @@ class ResponsesLive:
         """``response.created`` and ``response.in_progress`` (once: keep-alives may have sent them)."""
         return self.tick() if self.ka.seq == 0 else ""
 
-    def _where(self) -> dict[str, Any]:
+    def _where(self) -> JSONObject:
         return {"item_id": self.ids[self.open or ""], "output_index": self.k}
 
     def _add(self, kind: str) -> str:
@@ -160,7 +161,7 @@ class ResponsesLive:
         return self._event({"type": "response.output_text.delta", **self._where(), "content_index": 0,
                             "delta": text, "logprobs": []})
 
-    def _done(self, item: dict[str, Any]) -> str:
+    def _done(self, item: JSONObject) -> str:
         """The events that close the open item, ``item`` being its final form."""
         where, out = self._where(), ""
         if self.open == "reasoning":
@@ -177,8 +178,8 @@ class ResponsesLive:
         self.open = None
         return out + self._event({"type": "response.output_item.done", "output_index": self.k, "item": item})
 
-    def _live_reasoning(self) -> dict[str, Any]:
-        item: dict[str, Any] = {"id": self.ids["reasoning"], "type": "reasoning",
+    def _live_reasoning(self) -> JSONObject:
+        item: JSONObject = {"id": self.ids["reasoning"], "type": "reasoning",
                                 "summary": [{"type": "summary_text", "text": self.reasoning}]}
         if "reasoning.encrypted_content" in (self.ka.body.get("include") or []):
             item["encrypted_content"] = encrypted(self.reasoning)
