@@ -284,20 +284,26 @@ def test_torchrun_grpo_end_to_end_rank0_alone_logs(tmp_path):
 
     from test_train_cli import make_suite, write_config
 
+    from trainers.rollouts.synced_check import check_synced_sampling
+
     out = tmp_path / "run"
-    cfg = write_config(tmp_path / "grpo.yaml", out, make_suite(tmp_path), steps=2)
+    # three steps: the first may make no update (constant rewards), and only a step after an update can show that
+    # the engine sampled the synced weights
+    cfg = write_config(tmp_path / "grpo.yaml", out, make_suite(tmp_path), steps=3)
     res = torchrun(["-m", "trainers.train", "--config", str(cfg)], cwd=tmp_path, timeout=540)
     assert res.returncode == 0, res.stdout[-6000:]
     assert res.stdout.count("== grpo finished") == 1, res.stdout[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["episodes"] + r["infra_failures"] == 3 and r["groups"] == 1 for r in rows)
     assert rows[-1]["version"] == sum(r["groups_trained"] for r in rows)
-    if rows[0]["version"] == 1 and rows[1]["groups_trained"]:  # step 2 sampled from the synced weights
-        assert rows[1]["kl_rollout"] < 1e-6
+    synced = check_synced_sampling(rows, tol=1e-6)  # a step that trained on rollouts sampled after a sync
+    synced.require(allow_unchecked=True)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["version"] == rows[-1]["version"] and summary["checkpoint"].endswith("step_000002")
+    assert summary["version"] == rows[-1]["version"] and summary["checkpoint"].endswith("step_000003")
     assert json.loads((out / "config.json").read_text())["algo"] == "grpo"
+    if synced.status == "unchecked":  # no update before step 3, or none in it: say so rather than pass vacuously
+        pytest.skip(synced.describe())
 
 
 def test_balance_is_greedy_largest_first_and_slots_pad_the_short_rank():

@@ -25,6 +25,8 @@ import pytest
 from test_train_cli import make_suite
 from test_vllm_backend import server_test
 
+from trainers.rollouts.synced_check import check_synced_sampling
+
 ROOT = Path(__file__).resolve().parents[1]
 KL_SYNCED = 1e-6  # fp32 vLLM vs transformers logprobs agree to ~1e-6, so k3 KL of synced weights is ~1e-12
 
@@ -93,6 +95,7 @@ def test_train_on_vllm_with_two_fsdp_ranks_resume_on_one_export_and_eval(tmp_pat
         if r.get("updates"):
             assert r["kl_rollout"] < KL_SYNCED, r  # the engine sampled with the trainer's current weights
             assert r["weight_sync_s"] is not None and r["weight_sync_s"] > 0
+    check_synced_sampling(rows, tol=KL_SYNCED).require(allow_unchecked=True)  # after a sync: never stale
     assert rows[-1]["version"] >= 1
     assert any((out / "serving").glob("v*/config.json"))  # the engine's weights, written by rank 0
     versions = set()
@@ -108,6 +111,8 @@ def test_train_on_vllm_with_two_fsdp_ranks_resume_on_one_export_and_eval(tmp_pat
     assert [r["step"] for r in rows] == [1, 2, 3]
     if rows[-1].get("updates"):
         assert rows[-1]["kl_rollout"] < KL_SYNCED, rows[-1]
+    synced = check_synced_sampling(rows, tol=KL_SYNCED)  # steps that trained on rollouts sampled after a sync
+    synced.require(allow_unchecked=True)
 
     export = tmp_path / "hf-model"
     done = _clawgym(["export", str(out), "--out", str(export)], cwd=tmp_path, timeout=600)
@@ -120,3 +125,5 @@ def test_train_on_vllm_with_two_fsdp_ranks_resume_on_one_export_and_eval(tmp_pat
     assert ev.returncode == 0, ev.stdout[-6000:]
     lines = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     assert len(lines) == 2 and all(row.get("status") for row in lines)
+    if synced.status == "unchecked":  # no step had both: say so rather than pass as if it had been checked
+        pytest.skip(synced.describe())
