@@ -45,6 +45,7 @@ import functools
 import math
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +115,12 @@ class Args(RLArgs):
         check_context(self.max_context_tokens, self.max_pack_tokens)
 
 
-def draw_jobs(args: Args, tasks: list, step: int, groups: int | None = None, refill: int = 0) -> list[tuple[Any, str]]:
+def draw_jobs(args: Args, tasks: list, step: int, groups: int | None = None, refill: int = 0,
+              drawn: Sequence[tuple[Any, str]] = ()) -> list[tuple[Any, str]]:
     """(task, harness) jobs of a step (:func:`trainers.rollouts.draw.draw_jobs`); ``groups`` defaults to
-    ``groups_per_step``, ``refill`` numbers the dynamic-sampling rounds of a step."""
-    return draw_step_jobs(tasks, step, harnesses=args.harnesses, seed=args.seed, refill=refill,
+    ``groups_per_step``, ``refill`` numbers the dynamic-sampling rounds of a step, ``drawn`` (the step's jobs so
+    far) are not drawn again."""
+    return draw_step_jobs(tasks, step, harnesses=args.harnesses, seed=args.seed, refill=refill, drawn=drawn,
                           n=args.groups_per_step if groups is None else groups)
 
 
@@ -125,9 +128,11 @@ def collect_groups(args: Args, tasks: list, step: int, run) -> tuple[list[Any], 
     """Step 1-2 with dynamic sampling: ``run(jobs) -> results``; returns (results, groups, refill stats).
 
     While fewer than ``groups_per_step`` groups can train and the ``refill_groups`` budget lasts, new
-    groups are drawn (fresh seeded draws) and rolled out; every group drawn stays in the metrics.
+    groups are drawn (fresh seeded draws, without the step's earlier jobs: no two groups of a step share a key)
+    and rolled out, until the suite has no undrawn task left; every group drawn stays in the metrics.
     """
-    results = list(run(draw_jobs(args, tasks, step)))
+    jobs = draw_jobs(args, tasks, step)
+    results = list(run(jobs))
     groups = make_groups(results, normalize_std=args.normalize_std, overlong=args.overlong,
                          overlong_penalty=args.overlong_penalty, clean=args.clean)
     drawn = rounds = 0
@@ -136,9 +141,13 @@ def collect_groups(args: Args, tasks: list, step: int, run) -> tuple[list[Any], 
         if missing <= 0:
             break
         n = min(missing, args.refill_groups - drawn)
+        new = draw_jobs(args, tasks, step, groups=n, refill=rounds + 1, drawn=jobs)
+        if not new:  # every task of the suite was drawn this step (the draw logged it)
+            break
         rounds += 1
-        more = list(run(draw_jobs(args, tasks, step, groups=n, refill=rounds)))
-        drawn += n
+        jobs += new
+        more = list(run(new))
+        drawn += len(new)
         results += more
         groups += make_groups(more, normalize_std=args.normalize_std, overlong=args.overlong,
                               overlong_penalty=args.overlong_penalty, clean=args.clean)
