@@ -9,8 +9,9 @@ packs each trained group's :class:`~clawgym_env.capture.tree.CallTree`.
 
 Invariants of a :class:`Group` as :func:`make_groups` builds it: ``episodes``, ``rewards`` and
 ``advantages`` are aligned; ``tree`` is set exactly when ``skipped`` is None, and is built from the
-CLEANED calls of ``episodes``; ``masked`` is a subset of ``overlong``; ``dropped`` and ``episodes``
-partition the group's non-infra rollouts.
+CLEANED calls of ``episodes``; ``behaviour`` is :func:`~trainers.batch.behaviour.episode_behaviour` of that
+tree (per-(token, episode) behaviour logprobs where episodes sampled a shared token differently); ``masked``
+is a subset of ``overlong``; ``dropped`` and ``episodes`` partition the group's non-infra rollouts.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from clawgym_env.capture.tree import CallTree
 from clawgym_env.episodes.run import EpisodeResult
 from clawgym_env.errors import ConfigError
 from trainers.batch.advantages import group_advantages, is_constant
+from trainers.batch.behaviour import BehaviourTable, episode_behaviour
 from trainers.batch.clean import CleanConfig, CleanStats, clean_rollouts
 
 EpisodePair = tuple[EpisodeRecord, list[CallRecord]]
@@ -80,6 +82,9 @@ class Group:
     """rollouts dropped from the group for ``clean.max_leaves`` (as collected; not in ``episodes``)"""
     clean: CleanStats = dataclasses.field(default_factory=CleanStats)
     """what cleaning removed from the group's rollouts (:mod:`trainers.batch.clean`)"""
+    behaviour: BehaviourTable = dataclasses.field(default_factory=dict)
+    """each episode's own behaviour logprob and version where it differs from ``tree``'s first sampler's on a
+    shared token (:mod:`trainers.batch.behaviour`; empty when no two samplers disagree)"""
 
     @property
     def harness(self) -> str:
@@ -144,6 +149,7 @@ def make_groups(results: Iterable[EpisodeResult | EpisodePair], *, normalize_std
         else:
             g.advantages = group_advantages(rewards, normalize_std=normalize_std)
             g.tree = CallTree.from_episodes(trained)
+            g.behaviour = episode_behaviour(g.tree, [c for _, calls in trained for c in calls])
         groups.append(g)
     return groups
 

@@ -34,8 +34,22 @@ Invariants of a :class:`TrainPack` (``T`` packed tokens, ``P`` pairs):
   have ``pair_weight == 1`` and ``pair_adv == 0`` (its weights and advantages are per token);
 * ``pair_episode`` indexes ``episodes`` (one :class:`PackEpisode` per episode of the pack: group,
   harness, task, episode_id, reward, advantage, trainable token count);
+* ``pair_logprobs()[p]`` is the behaviour logprob of pair ``p``: what ITS episode's own sampler recorded
+  (:mod:`trainers.batch.behaviour`). It differs from ``packed.rollout_logprobs`` (the token's first
+  sampler) only where episodes sampled a shared token differently (e.g. at different policy versions):
+  those pairs carry it in ``pair_own_logprob`` (NaN elsewhere; None when none differs). The truncated
+  importance weight of a pair uses it;
 * ``trainable`` is :func:`trainers.batch.packing.trainable_mask` of ``packed`` minus the tokens owned only
   by episodes masked out (``PackItem.skip``).
+
+Loss norms across minibatches (``loss_norm``, kept on the pack): the step's pair weights are a mean over
+the step — ``"episode"`` and ``"constant"`` ``1/groups`` per group, ``"token"`` ``1/pairs`` per pair. An
+update that splits the step into minibatches rescales each optimiser step by its own minibatch
+(:func:`trainers.grpo.update.minibatch_scale`): ``episode``/``constant`` by its groups (each step the mean
+over its groups), ``token`` by its pairs, so that **every optimiser step's pair weights sum to 1** under
+``token`` (verl's and DAPO's token mean per minibatch), to ``(episodes with trainable tokens) / G``
+averaged over its groups under ``episode``, and to the mean over its episodes of ``N_e / norm_constant``
+under ``constant`` (at most 1 when ``norm_constant`` is the episode token budget).
 
 Bounded packs: :func:`pack_groups` and :func:`rollout_packs` lay trees into packs of at most
 ``max_tokens`` tokens (:func:`trainers.batch.pack_split.plan_packs`), splitting a larger tree into parts.
@@ -51,6 +65,7 @@ the episode's first node), so per-episode counts (denominators, metrics) count e
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import torch
@@ -60,6 +75,7 @@ from clawgym_env.capture.tree import CallTree
 from clawgym_env.capture.tree_meta import EpisodeSummary, TreeMeta
 from clawgym_env.errors import ConfigError, PolicyError
 from trainers.batch.advantages import episode_own_tokens, node_episodes
+from trainers.batch.behaviour import BehaviourTable
 from trainers.batch.groups import (
     OVERLONG_MODES,
     EpisodePair,
@@ -108,6 +124,8 @@ class PackItem:
     """episode positions that get no pairs (GRPO ``overlong="mask"``)"""
     part: TreePart | None = None
     """the part of ``tree`` this item packs when the tree was split (:mod:`trainers.batch.pack_split`); None: whole"""
+    behaviour: BehaviourTable = dataclasses.field(default_factory=dict)
+    """per-(token, episode) behaviour logprobs where they differ from the tree's (``Group.behaviour``)"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +157,19 @@ class TrainPack:
     pair_adv: torch.Tensor       # [P] float32
     episodes: list[PackEpisode]
     masked_inexact_tokens: int = 0
+    pair_own_logprob: torch.Tensor | None = None
+    """[P] float32: the pairs whose episode's own sampler recorded another logprob than the token's first sampler
+    (``packed.rollout_logprobs``) carry it, the others NaN; None when no pair differs (module invariants)"""
+    loss_norm: str = "episode"
+    """the ``loss_norm`` the pair weights were built with (how an update rescales a minibatch)"""
+
+    def pair_logprobs(self) -> torch.Tensor:
+        """[P] behaviour logprob of every pair: its episode's own sampler's (``rollout_logprobs[pair_token]`` where
+        ``pair_own_logprob`` does not say otherwise)."""
+        first = self.packed.rollout_logprobs[self.pair_token]
+        if self.pair_own_logprob is None:
+            return first
+        return torch.where(torch.isnan(self.pair_own_logprob), first, self.pair_own_logprob)
 
     @property
     def num_tokens(self) -> int:
@@ -183,6 +214,7 @@ def build_pack(items: Sequence[PackItem], *, scale: float = 1.0, device: str | t
     p_ep: list[int] = []
     p_w: list[float] = []
     p_adv: list[float] = []
+    p_lp: list[float] = []
     episodes: list[PackEpisode] = []
     for ti, item in enumerate(items):
         part, advs = packed.parts[ti], item.advantages
@@ -207,13 +239,15 @@ def build_pack(items: Sequence[PackItem], *, scale: float = 1.0, device: str | t
                                         reward=src.reward, advantage=float(a), trainable_tokens=counts[e],
                                         primary=first[e] in part.owned if e in first else part.index == 0))
         g = len(advs)
+        behaviour = item.behaviour
         for nid in sorted(part.owned):  # pairs on the tokens this pack owns
             start, ok = packed.node_slice(ti, nid).start, flags[nid]
             expected[start:start + len(ok)] = ok
             for e in members[nid]:
                 if not counts[e] or e in item.skip:
                     continue
-                idx = [start + j for j, (f, o) in enumerate(zip(ok, own[nid][e])) if f and o]
+                offsets = [j for j, (f, o) in enumerate(zip(ok, own[nid][e])) if f and o]
+                idx = [start + j for j in offsets]
                 if loss_norm == "episode":
                     w = scale / (g * counts[e])
                 elif loss_norm == "constant":
@@ -224,17 +258,26 @@ def build_pack(items: Sequence[PackItem], *, scale: float = 1.0, device: str | t
                 p_ep.extend([base + e] * len(idx))
                 p_w.extend([w] * len(idx))
                 p_adv.extend([float(advs[e])] * len(idx))
+                if behaviour:
+                    p_lp.extend(b.logprob if (b := behaviour.get((nid, j, e))) is not None else math.nan
+                                for j in offsets)
+                else:
+                    p_lp.extend([math.nan] * len(offsets))
     if rule.tolist() != expected:
         raise PolicyError("the packed trainable rule and packing.trainable_flags disagree; they must be one rule")
     dev = rule.device
     pair_token = torch.tensor(p_tok, dtype=torch.long, device=dev)
     pair_weight = torch.tensor(p_w, dtype=torch.float32, device=dev)
+    own_lp = None  # NaN but where an episode's own sampler differs from the token's first (module invariants)
+    if any(not math.isnan(x) for x in p_lp):
+        own_lp = torch.tensor(p_lp, dtype=torch.float32, device=dev)
     return TrainPack(packed=packed, trainable=torch.zeros_like(rule).index_fill_(0, pair_token, True),
                      token_weight=torch.zeros(packed.num_tokens, dtype=torch.float32,
                                               device=dev).index_add_(0, pair_token, pair_weight),
                      pair_token=pair_token, pair_episode=torch.tensor(p_ep, dtype=torch.long, device=dev),
                      pair_weight=pair_weight, pair_adv=torch.tensor(p_adv, dtype=torch.float32, device=dev),
-                     episodes=episodes, masked_inexact_tokens=masked)
+                     episodes=episodes, masked_inexact_tokens=masked,
+                     pair_own_logprob=own_lp, loss_norm=loss_norm)
 
 
 def pack_groups(groups: Sequence[Group], *, max_tokens: int | None = None,
@@ -247,7 +290,8 @@ def pack_groups(groups: Sequence[Group], *, max_tokens: int | None = None,
     (``loss_norm``, see :func:`build_pack`) carry ``1 / (number of trainable groups)``, except
     ``"token"``: every pair of the step weighs ``1 / (pairs in the step)``.
     """
-    items = [PackItem(g.tree, g.advantages, group=i, harness=g.harness, task_id=g.key[1], skip=frozenset(g.masked))
+    items = [PackItem(g.tree, g.advantages, group=i, harness=g.harness, task_id=g.key[1], skip=frozenset(g.masked),
+                      behaviour=g.behaviour)
              for i, g in enumerate(groups) if g.skipped is None and g.tree is not None]
     if not items:
         return []

@@ -92,9 +92,12 @@ class Args(RLArgs):
     episode weighs more than one of a long episode, so long failures are punished less per token (a
     length bias). ``"token"`` (DAPO): one mean over every pair of the step — long episodes weigh more.
     ``"constant"`` (Dr. GRPO): divided by ``G · loss_norm_constant`` per group — no length bias; the
-    gradient's scale depends on the constant."""
+    gradient's scale depends on the constant. With ``minibatches > 1`` each optimiser step is normalised by its
+    own minibatch: by its groups (``episode``, ``constant``) or its pairs (``token``: the weights of every
+    optimiser step sum to 1, as verl's and DAPO's token mean)."""
     loss_norm_constant: float | None = None
-    """the divisor of ``loss_norm="constant"`` (default: ``max_tokens``)"""
+    """the divisor of ``loss_norm="constant"``: an episode's token budget (default: ``max_context_tokens``, which
+    bounds the sampled tokens of an episode whose calls extend one another; one call's ``max_tokens`` does not)"""
     overlong: str = "keep"
     """episodes with a call cut at ``max_tokens``: ``"keep"`` (trained as they are), ``"mask"`` (in the
     group's baseline, but no training pairs), ``"penalty"`` (reward minus ``overlong_penalty`` before
@@ -113,6 +116,12 @@ class Args(RLArgs):
         if self.refill_groups < 0 or (self.loss_norm_constant is not None and self.loss_norm_constant <= 0):
             raise ConfigError("refill_groups must be >= 0 and loss_norm_constant > 0 when set")
         check_context(self.max_context_tokens, self.max_pack_tokens)
+
+    @property
+    def norm_constant(self) -> float:
+        """The divisor of ``loss_norm="constant"``: ``loss_norm_constant``, else the episode budget
+        ``max_context_tokens``."""
+        return float(self.loss_norm_constant or self.max_context_tokens)
 
 
 def draw_jobs(args: Args, tasks: list, step: int, groups: int | None = None, refill: int = 0,
@@ -241,7 +250,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
             if ranks.info.distributed:
                 groups = broadcast_object(_slim(groups) if main else [])
             packs = pack_groups(groups, max_tokens=args.max_pack_tokens, device=policy.device,
-                                loss_norm=args.loss_norm, norm_constant=args.loss_norm_constant or args.max_tokens)
+                                loss_norm=args.loss_norm, norm_constant=args.norm_constant)
             row["masked_inexact_tokens"] = sum(p.masked_inexact_tokens for p in packs)
             row.update(pack_stats(packs).as_metrics())
             if packs:

@@ -8,13 +8,21 @@ way from the groups rank 0 broadcast). Then:
    gradient (``logp_old``, the truncated IS weights, the reference's logprobs) and the per-pack results are
    all-gathered, so every rank holds them for every pack.
 2. **Minibatches.** Rank 0 draws each epoch's order (the NumPy draw a single process makes) and broadcasts it;
-   each minibatch's packs are balanced over the ranks; every pack's loss is scaled by the minibatch's global
-   group count and backpropagated on its rank; a rank with fewer packs runs zero-weight forwards until it has
+   each minibatch's packs are balanced over the ranks; every pack's loss is scaled by :func:`minibatch_scale`
+   (the step's groups over the minibatch's, or under ``loss_norm="token"`` the step's pairs over the
+   minibatch's) and backpropagated on its rank; a rank with fewer packs runs zero-weight forwards until it has
    run as many as the busiest rank; FSDP sums the gradients over ranks, so the gradient is the
    single-process one; the clipping norm is the global norm.
 3. **Statistics** are summed over ranks: rank 0 logs what one process would (up to float rounding).
 
-Invariant: in one process (no process group) this is exactly the single-device update.
+Invariants: in one process (no process group) this is exactly the single-device update. Every optimiser step
+is normalised by its own minibatch: under ``loss_norm="token"`` its pair weights sum to exactly 1 whatever the
+minibatches' sizes (verl's and DAPO's token mean per minibatch); under ``"episode"`` and ``"constant"`` it is
+the mean over its groups (:mod:`trainers.batch.tree_batch`). The truncated importance weight of a (token,
+episode) pair is ``min(exp(logp_old - pair_logprob), is_clip)`` with the pair's OWN behaviour logprob
+(``TrainPack.pair_logprobs``): a token several episodes sampled at different policy versions gets each
+episode's version's weight. The rollout metrics (``kl_rollout``, ``is_weight_mean``, ``is_clipped_share``) stay
+per distinct token, against the token's first sampler (``packed.rollout_logprobs``).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from clawgym_env.errors import PolicyError
 from trainers.batch.logprobs import token_logprobs
 from trainers.batch.pack_parts import pack_units
 from trainers.batch.tree_batch import TrainPack
@@ -70,14 +79,16 @@ class UpdateArgs(Protocol):
 
 
 def grpo_loss(logp: torch.Tensor, logp_old: torch.Tensor, is_weight: torch.Tensor, pack: TrainPack, *,
-              clip_low: float, clip_high: float, kl_coef: float = 0.0,
-              logp_ref: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """The step-4 loss of one pack (all inputs [T] tensors aligned with ``pack``)."""
+              clip_low: float, clip_high: float, kl_coef: float = 0.0, logp_ref: torch.Tensor | None = None,
+              pair_is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The step-4 loss of one pack (all inputs [T] tensors aligned with ``pack``; ``pair_is_weight``, when given,
+    is the [P] truncated importance weight of each pair (:func:`pair_is_weights`) and replaces ``is_weight[t]``)."""
     t = pack.pair_token
     ratio = torch.exp(logp[t] - logp_old[t])
     adv = pack.pair_adv
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv)
-    pg = -(pack.pair_weight * is_weight[t] * surrogate).sum()
+    w = is_weight[t] if pair_is_weight is None else pair_is_weight
+    pg = -(pack.pair_weight * w * surrogate).sum()
     loss = pg
     stats = {"pg_loss": float(pg.detach())}
     m = pack.trainable
@@ -90,6 +101,26 @@ def grpo_loss(logp: torch.Tensor, logp_old: torch.Tensor, is_weight: torch.Tenso
     stats["clipped_tokens"] = float(((r_tok < 1.0 - clip_low) | (r_tok > 1.0 + clip_high)).sum())
     stats["tokens"] = float(m.sum())
     return loss, stats
+
+
+def pair_is_weights(pack: TrainPack, logp_old: torch.Tensor, is_clip: float) -> torch.Tensor:
+    """[P] truncated importance weights ``min(exp(logp_old[t] - pair_logprob), is_clip)``: each pair against its
+    own episode's behaviour logprob (module docstring)."""
+    return torch.exp(logp_old[pack.pair_token] - pack.pair_logprobs()).clamp(max=is_clip)
+
+
+def minibatch_scale(packs: list[TrainPack], idx: list[int], groups_of: list[set[int]]) -> float:
+    """The factor of a minibatch's losses (the packs ``idx`` of the step's ``packs``): the step's normalising
+    units over the minibatch's — groups for ``episode``/``constant``, pairs for ``token`` (module docstring).
+    ``groups_of[i]`` is the set of group numbers of pack ``i`` (a split group's parts share one)."""
+    norms = {p.loss_norm for p in packs}
+    if len(norms) > 1:
+        raise PolicyError(f"the packs of one step mix loss norms {sorted(norms)}; build them with one loss_norm")
+    if norms == {"token"}:
+        total = sum(int(p.pair_weight.numel()) for p in packs)
+        return total / max(1, sum(int(packs[i].pair_weight.numel()) for i in idx))
+    total_groups = len(set().union(*groups_of)) if groups_of else 0
+    return total_groups / max(1, len(set().union(*(groups_of[i] for i in idx))))  # mean over its groups
 
 
 def score_pack(policy: TrainablePolicy, model, pack: TrainPack, args: UpdateArgs) -> torch.Tensor:
@@ -137,19 +168,20 @@ def grpo_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, packs
     t0 = time.perf_counter()
     olds, refs = _score_all(policy, packs, args)
     weights: list[torch.Tensor] = []
+    pair_weights: list[torch.Tensor] = []
     kl_roll, is_sum, is_clipped, n_tok = 0.0, 0.0, 0, 0
     for pack, old in zip(packs, olds):
         m = pack.trainable
         log_w = old - pack.packed.rollout_logprobs
         w = torch.where(m, torch.exp(log_w).clamp(max=args.is_clip), torch.zeros_like(old))
         weights.append(w)
+        pair_weights.append(pair_is_weights(pack, old, args.is_clip))
         lw = log_w[m].double()  # float64: the k3 terms are ~lw²/2, below float32 resolution near 0
         kl_roll += float((torch.exp(lw) - 1.0 - lw).sum())  # k3 of KL(rollout || trained), r = p_old/p_roll
         is_sum += float(w[m].sum())
         is_clipped += int((torch.exp(lw) > args.is_clip).sum())
         n_tok += int(m.sum())
     groups_of = [{e.group for e in p.episodes} for p in packs]  # a split group's parts share its number
-    total_groups = len(set().union(*groups_of)) if groups_of else 0
     units = pack_units(packs)  # a split tree's packs stay in one minibatch
     keys = ("loss", "pg_loss", "kl_ref", "clipped_tokens", "tokens", "train_tokens")
     totals: dict[str, float] = dict.fromkeys(keys, 0.0)
@@ -165,7 +197,7 @@ def grpo_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, packs
             idx = [i for u in chunk.tolist() for i in units[u]]
             if not idx:
                 continue
-            scale = total_groups / max(1, len(set().union(*(groups_of[i] for i in idx))))  # mean over its groups
+            scale = minibatch_scale(packs, idx, groups_of)
             optimizer.zero_grad(set_to_none=True)
             share = [[idx[k] for k in ks] for ks in balance([packs[i].num_tokens for i in idx], info.world_size)]
             filler = min(idx, key=lambda i: packs[i].num_tokens)
@@ -176,7 +208,7 @@ def grpo_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, packs
                     (logp.sum() * 0.0).backward()
                     continue
                 loss, st = grpo_loss(logp, olds[i], weights[i], pack, clip_low=args.clip_eps, clip_high=clip_high,
-                                     kl_coef=args.kl_coef, logp_ref=refs[i])
+                                     kl_coef=args.kl_coef, logp_ref=refs[i], pair_is_weight=pair_weights[i])
                 (loss * scale).backward()
                 totals["train_tokens"] += pack.num_tokens
                 totals["loss"] += float(loss.detach())
