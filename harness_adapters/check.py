@@ -19,10 +19,10 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from clawgym_env.capture.records import CallRecord, EpisodeRecord
 from clawgym_env.errors import HarnessError
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.plugins import load_suite, make_harness
 from clawgym_env.policy.chat_format import normalize_messages
 from clawgym_env.proxy.dialects.registry import spec as dialect_spec
@@ -59,7 +59,7 @@ class ConformanceReport:
     peak_memory_mb: float | None
     notes: list[str] = dataclasses.field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         """The report as plain JSON-able data."""
         return dataclasses.asdict(self)
 
@@ -87,24 +87,24 @@ class ConformanceReport:
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
 
-def parsed_messages(call: CallRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def parsed_messages(call: CallRecord) -> tuple[list[JSONObject], list[JSONObject]]:
     """(normalised OpenAI-chat messages, tools) of a recorded request, through its dialect's parser."""
     module = dialect_spec(call.dialect).load()
     req = module.parse_request(call.request)
     return normalize_messages(req.messages), list(req.tools)
 
 
-def _tool_names(tools: Sequence[dict[str, Any]]) -> list[str]:
+def _tool_names(tools: Sequence[JSONObject]) -> list[str]:
     return [str(t.get("function", t).get("name")) for t in tools]
 
 
-def _thread_key(messages: list[dict[str, Any]]) -> tuple:
+def _thread_key(messages: list[JSONObject]) -> tuple:
     first_user = next((m["content"] for m in messages if m["role"] == "user"), "")
     system = next((m["content"] for m in messages if m["role"] == "system"), "")
     return system[:2000], first_user[:2000]
 
 
-def _compare_turn(sent: dict[str, Any], returned: dict[str, Any], rewrites: Counter) -> None:
+def _compare_turn(sent: JSONObject, returned: JSONObject, rewrites: Counter) -> None:
     """Count what the harness changed in an assistant turn it sent back (``returned`` = what we answered)."""
     ours, theirs = returned.get("tool_calls") or [], sent.get("tool_calls") or []
     if [t.get("id") for t in ours] != [t.get("id") for t in theirs]:
@@ -239,7 +239,7 @@ def analyze(harness: str, record: EpisodeRecord, calls: Sequence[CallRecord]) ->
         peak_memory_mb=record.resources.get("peak_memory_mb"), notes=notes)
 
 
-def _same_context(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+def _same_context(a: list[JSONObject], b: list[JSONObject]) -> bool:
     """Messages equal up to what a harness may legitimately rewrite in assistant turns."""
     if len(a) != len(b):
         return False

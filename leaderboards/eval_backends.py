@@ -148,7 +148,7 @@ class Runner:
         task = job.task
         rec = res.record
         episode_dir = Path(rec.calls_path).parent if rec.calls_path else None
-        fields: dict[str, Any] = dict(
+        fields: dict[str, object] = dict(  # ResultRow's fields, validated by ResultRow
             status=rec.status, reward=rec.reward, subscores=dict(rec.subscores), num_calls=rec.num_calls,
             wall_s=rec.wall_s, calls_path=rec.calls_path, episode_dir=str(episode_dir) if episode_dir else None,
             error=rec.error, failure_boundary=rec.failure_boundary,
@@ -158,7 +158,7 @@ class Runner:
             fields.update(status="infra_error", failure_boundary="policy",
                           error=f"upstream model API failed: {failures[-1]}"
                           + (f" (episode status was {rec.status})" if rec.status else ""))
-        fields.update(self._grade_fields(task, scorer_kind, rec, fields["status"]))
+        fields.update(self._grade_fields(task, scorer_kind, rec, str(fields["status"])))
         return self._row(job, attempt, **fields)
 
     def _upstream_failures(self, episode_id: str) -> list[str]:
@@ -166,7 +166,7 @@ class Runner:
         return list(pop(episode_id)) if callable(pop) else []
 
     @staticmethod
-    def _grade_fields(task: Any, scorer_kind: str | None, rec: Any, status: str) -> dict[str, Any]:
+    def _grade_fields(task: Any, scorer_kind: str | None, rec: Any, status: str) -> dict[str, object]:
         """Row fields from the episode's own grade. No valid reward (``reward_invalid``: the judge
         failed) is retried, then reported, as an infrastructure failure — never the agent's 0."""
         if status == "infra_error":

@@ -73,7 +73,8 @@ def kind_of_path(path: str | Path) -> str | None:
 
 
 def data_suite_for(spec: str | Path, data: str | Path | None = None,
-                   options: dict[str, Any] | None = None) -> Suite | None:
+                   options: dict[str, Any] | None = None,  # passed on to the loader; each checks its own
+                   ) -> Suite | None:
     """The suite ``spec`` names when it is OfficeQA or ClawGym-Bench data, else None."""
     from tasks.clawgym_bench import HUB_ID, load_clawgym_bench
     from tasks.officeqa import load_officeqa

@@ -34,9 +34,10 @@ import re
 import shlex
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from clawgym_env.errors import TaskError
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.task import Suite, Task, TaskLoadIssue
 from tasks import datacache
 from tasks.hybrid import (
@@ -69,7 +70,7 @@ _AVERAGE = ("python3 -c 'import json, sys; raw = sys.stdin.read().strip(); data 
             "else float(data) if isinstance(data, (int, float)) else 0.0)'")
 
 
-def normalise_metadata(metadata: dict[str, Any], *, category: Any = None, rule: Any = None) -> dict[str, Any]:
+def normalise_metadata(metadata: JSONObject, *, category: Any = None, rule: Any = None) -> JSONObject:
     """The shared metadata form (see module doc); keys other than these three are kept."""
     out = dict(metadata or {})
     rule = rule if rule is not None else out.get("rule")
@@ -144,7 +145,17 @@ def _files_of(raw: Any, where: str) -> list[tuple[Any, Any]]:
     return out
 
 
-def plan_row(row: dict[str, Any], index: int, mount: str) -> dict[str, Any]:
+class TaskPlan(TypedDict):
+    """One hub row planned as a task folder (:func:`plan_row`); its whole content is hashed into the cache key."""
+
+    id: str
+    entry: JSONObject  # the task's data_entry.json
+    inputs: list[tuple[str, str | bytes]]  # input_files/: (relative path, content)
+    reward: list[tuple[str, str | bytes]]  # reward/: (relative path, content)
+    reward_sh: str
+
+
+def plan_row(row: JSONObject, index: int, mount: str) -> TaskPlan:
     """One hub row as a task-dir plan: id, entry, input files, reward files (TaskError if malformed)."""
     card = _front_matter(row.get("origin_template"))
     raw_id = next((row[c] for c in _ID_COLUMNS if row.get(c) not in (None, "")), None) or card.get("id")
@@ -166,14 +177,14 @@ def plan_row(row: dict[str, Any], index: int, mount: str) -> dict[str, Any]:
     if not reward and f"{mount}/reward/" in hook:
         raise TaskError(f"{where}: hook_code runs a verifier under reward/ but no reward/ file is given")
     meta = row.get("metadata")
-    meta_col: dict[str, Any] = meta if isinstance(meta, dict) else {}
+    meta_col: JSONObject = meta if isinstance(meta, dict) else {}
     category = row.get("category") or meta_col.get("category") or card.get("category")
     metadata = normalise_metadata({"category": ""}, category=category, rule=row.get("rule"))
     entry = {"task_id": task_id, "user_query": prompt, "input_mount_dir": mount, "metadata": metadata}
     return {"id": task_id, "entry": entry, "inputs": inputs, "reward": reward, "reward_sh": _reward_sh(hook)}
 
 
-def rows_to_suite(rows: Iterable[dict[str, Any]], *, name: str = BENCH_NAME, mount_dir: str = DEFAULT_MOUNT_DIR,
+def rows_to_suite(rows: Iterable[JSONObject], *, name: str = BENCH_NAME, mount_dir: str = DEFAULT_MOUNT_DIR,
                   cache_dir: str | Path | None = None, source: str = "rows") -> Suite:
     """Materialise hub rows as task dirs (cached) and load them (see module doc)."""
     if not mount_dir.startswith("/"):
@@ -229,7 +240,7 @@ def _table_files(folder: Path) -> list[Path]:
 
 
 def _read_table(source: Any, split: str | None,
-                cache_dir: str | Path | None = None) -> tuple[list[dict[str, Any]], str]:
+                cache_dir: str | Path | None = None) -> tuple[list[JSONObject], str]:
     """Rows of a datasets.Dataset/DatasetDict, a local table file or folder, or a hub dataset id
     (the ``datasets`` cache goes under our cache folder, see :mod:`tasks.datacache`)."""
     import datasets

@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from clawgym_env.errors import TaskError
+from clawgym_env.jsontypes import JSONObject
 
 COMPLETE_MARKER = ".clawgym-complete"
 
@@ -96,7 +97,7 @@ def write_file(root: Path, rel: PurePosixPath | str, content: str | bytes | Path
     return dst
 
 
-def write_entry(task_dir: Path, entry: dict[str, Any]) -> None:
+def write_entry(task_dir: Path, entry: JSONObject) -> None:
     """``data_entry.json`` of a task dir (pretty, UTF-8, as upstream writes it)."""
     write_file(task_dir, "data_entry.json", json.dumps(entry, indent=2, ensure_ascii=False) + "\n")
 

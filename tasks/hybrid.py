@@ -33,6 +33,7 @@ from typing import Any
 
 from clawgym_env.errors import TaskError
 from clawgym_env.grading.judge import Judge
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.task import Task
 
 CODE_WEIGHT = 0.7
@@ -138,7 +139,7 @@ def build_judge_prompt(task: Task, rubric: str, final_message: str | None, works
     return text.encode("utf-8", "backslashreplace").decode("utf-8")  # lone surrogates cannot go on the wire
 
 
-def _parse_score(obj: dict[str, Any]) -> float:
+def _parse_score(obj: JSONObject) -> float:
     raw = obj.get("score")
     if isinstance(raw, str):
         try:

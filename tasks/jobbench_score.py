@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from clawgym_env.errors import TaskError
 from clawgym_env.grading.judge import Judge
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.task import Task
 from tasks.extract import MAX_CHARS_PER_FILE, ExtractLimits, extract_folder
 from tasks.jobbench_task import OUTPUT_DIR, rubrics_for
@@ -104,8 +105,8 @@ def read_verdicts(obj: dict, n: int) -> list[tuple[bool, str]]:
     return [v if v is not None else (False, "the judge gave no verdict for this criterion") for v in out]
 
 
-def _judge_one(judge: Judge, rubric: Any, deliverables: str) -> dict[str, Any]:
-    res: dict[str, Any] = {"rubric": rubric.rubric, "weight": rubric.weight, "passed": False, "earned": 0}
+def _judge_one(judge: Judge, rubric: Any, deliverables: str) -> JSONObject:
+    res: JSONObject = {"rubric": rubric.rubric, "weight": rubric.weight, "passed": False, "earned": 0}
     try:
         obj = judge.judge_json(JUDGE_SYSTEM, build_rubric_prompt(rubric, deliverables))
     except JudgeAnswerError as e:
@@ -138,7 +139,7 @@ def score_jobbench(task: Task, workspace_dir: str | Path, judge: Judge, *,
     out_dir = Path(workspace_dir) / out_rel
     text, files = extract_folder(out_dir, max_chars_per_file=max_chars_per_file, limits=limits)
     possible = sum(r.weight for r in rubrics)
-    details: dict[str, Any] = {
+    details: JSONObject = {
         "task_id": task.id, "judge_model": getattr(judge, "model", None), "output_dir": out_rel,
         "files": [f.to_dict() for f in files], "possible": possible, "rubric_count": len(rubrics),
         "judge_calls": 0, "judge_errors": 0}

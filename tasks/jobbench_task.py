@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from clawgym_env.errors import TaskError
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.task import Task
 
 RUBRICS_FILE = "RUBRICS.json"
@@ -78,7 +79,7 @@ def parse_rubrics(data: Any, where: str) -> list[Rubric]:
     return out
 
 
-def read_rows(parquet: Path) -> list[dict[str, Any]]:
+def read_rows(parquet: Path) -> list[JSONObject]:
     """The rows of a JobBench parquet table (TaskError when unreadable or missing the needed columns)."""
     try:
         import pyarrow.parquet as pq

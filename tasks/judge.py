@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from clawgym_env.errors import TaskError
+from clawgym_env.jsontypes import JSONObject
 
 ENV_BASE_URL = "CLAWGYM_JUDGE_BASE_URL"
 ENV_MODEL = "CLAWGYM_JUDGE_MODEL"
@@ -88,7 +89,7 @@ class JudgeClient:
         """The assistant text for ``messages`` (retrying transient failures, see module doc)."""
         import openai
 
-        kwargs: dict[str, Any] = {"model": self.model, "messages": messages,
+        kwargs: JSONObject = {"model": self.model, "messages": messages,
                                   "temperature": self.temperature}
         if self.max_tokens is not None:
             kwargs["max_tokens"] = self.max_tokens
@@ -119,7 +120,7 @@ class JudgeClient:
                                    f"{getattr(resp.choices[0], 'finish_reason', None)!r})", "")
         return text
 
-    def judge_json(self, system: str, user: str) -> dict[str, Any]:
+    def judge_json(self, system: str, user: str) -> JSONObject:
         """Ask for one JSON object and parse it leniently; TaskError (with the raw text) if none."""
         system = f"{system.rstrip()}\n\n{JSON_INSTRUCTION}" if JSON_INSTRUCTION not in system else system
         text = self.complete([{"role": "system", "content": system},

@@ -32,9 +32,10 @@ import json
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from clawgym_env.errors import TaskError
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.task import Suite, TaskLoadIssue
 from tasks import datacache
 from tasks.officeqa_scorer import extract_final_answer, judge, score_answer
@@ -99,6 +100,16 @@ def find_officeqa_csv(data: str | Path, subset: str = "full") -> Path:
 
 def _split_list(cell: str | None) -> list[str]:
     return [x for x in re.split(r"[\s,;]+", cell or "") if x]
+
+
+class _Plan(TypedDict):
+    """One question planned as a task folder; hashed (documents by path, size and mtime) into the cache key."""
+
+    id: str
+    notes: list[str]
+    docs: list[Path]  # the source documents copied into input_files/
+    answer: str
+    entry: JSONObject  # the task's data_entry.json
 
 
 class _Corpus:
@@ -174,7 +185,7 @@ def load_officeqa(csv_path: str | Path, corpus_dir: str | Path | None = None, su
     corpus = _Corpus(corpus_root, exclude=csv_path)
     suite_name = name or ("officeqa" if subset == "full" else "officeqa-pro")
     issues: list[TaskLoadIssue] = []
-    plans: list[dict[str, Any]] = []
+    plans: list[_Plan] = []
     seen: set[str] = set()
     for i, row in enumerate(rows):
         uid = row.get("uid", "").strip()

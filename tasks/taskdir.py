@@ -47,6 +47,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from clawgym_env.errors import TaskError
 from clawgym_env.grading.inputs import input_files, matching
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.task import Task, TaskLimits
 from tasks.hybrid import is_hybrid
 
@@ -222,8 +223,8 @@ class ExpertScript(BaseModel):
     earns less.
     """
 
-    steps: list[dict[str, Any]]
-    wrong: list[dict[str, Any]] = Field(default_factory=list)
+    steps: list[JSONObject]
+    wrong: list[JSONObject] = Field(default_factory=list)
 
     @property
     def final(self) -> str:
@@ -231,7 +232,7 @@ class ExpertScript(BaseModel):
         return str(self.steps[-1]["final"])
 
     @property
-    def tool_steps(self) -> list[dict[str, Any]]:
+    def tool_steps(self) -> list[JSONObject]:
         """The tool steps, without the final answer."""
         return self.steps[:-1]
 

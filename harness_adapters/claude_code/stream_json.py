@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from clawgym_env.jsontypes import JSONObject
+
 
 def iter_events(stdout: str):
     """The JSON objects on ``stdout``, one per line, skipping anything else."""
@@ -42,14 +44,14 @@ def _blocks(message: Any) -> list[Any]:
     return list(content) if isinstance(content, list) else []
 
 
-def parse_stream(stdout: str) -> tuple[str | None, list[dict[str, Any]], dict[str, Any]]:
+def parse_stream(stdout: str) -> tuple[str | None, list[JSONObject], JSONObject]:
     """``(final answer or None, transcript, summary)`` from Claude Code's stream-json stdout.
 
     ``summary`` holds the ``init`` event's ``tools``/``model``/``session_id`` and the ``result``
     event's ``subtype``/``is_error``/``num_turns``/``terminal_reason``/``usage`` when present.
     """
-    transcript: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {}
+    transcript: list[JSONObject] = []
+    summary: JSONObject = {}
     final: str | None = None
     last_id: str | None = None
     for ev in iter_events(stdout):

@@ -25,10 +25,10 @@ from __future__ import annotations
 import platform
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from clawgym_env.capture.records import CallRecord
 from clawgym_env.harness import Endpoint, EpisodeResources, HarnessOutput, KindVerdict, LaunchSpec
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.task import Task
 from harness_adapters.codex.config import KEY_ENV, codex_config, parse_events, render_toml
 from harness_adapters.codex.kinds import codex_kinds
@@ -61,7 +61,7 @@ class CodexAdapter(NpmHarnessAdapter):
     package = PACKAGE
 
     def __init__(self, model: str | None = None, context_window: int | None = None,
-                 extra_config: dict[str, Any] | None = None, extra_args: list[str] | tuple[str, ...] = (),
+                 extra_config: JSONObject | None = None, extra_args: list[str] | tuple[str, ...] = (),
                  extra_env: dict[str, str] | None = None, cache_dir: str | Path | None = None) -> None:
         self.model = model
         self.context_window = context_window

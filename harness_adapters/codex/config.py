@@ -18,15 +18,16 @@ import json
 from typing import Any
 
 from clawgym_env.errors import HarnessError
+from clawgym_env.jsontypes import JSONObject
 
 PROVIDER = "clawgym"
 KEY_ENV = "CLAWGYM_CODEX_API_KEY"
 
 
 def codex_config(base_url: str, model: str, *, context_window: int | None = None,
-                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                 extra: JSONObject | None = None) -> JSONObject:
     """The config as a dict: ``{key: scalar, table: {key: scalar}}`` (``extra`` merged on top)."""
-    cfg: dict[str, Any] = {
+    cfg: JSONObject = {
         "model": model,
         "model_provider": PROVIDER,
         "approval_policy": "never",
@@ -62,7 +63,7 @@ def _scalar(value: Any, where: str) -> str:
                        "use strings, numbers, booleans or lists of them")
 
 
-def render_toml(cfg: dict[str, Any]) -> str:
+def render_toml(cfg: JSONObject) -> str:
     """``cfg`` as TOML: scalars first, then one ``[table]`` per dict value (dotted names allowed)."""
     lines = [f"{k} = {_scalar(v, k)}" for k, v in cfg.items() if not isinstance(v, dict)]
     for table, body in cfg.items():
@@ -72,7 +73,7 @@ def render_toml(cfg: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_events(stdout: str) -> tuple[str | None, list[dict[str, Any]], dict[str, Any]]:
+def parse_events(stdout: str) -> tuple[str | None, list[JSONObject], JSONObject]:
     """``(final answer or None, transcript, summary)`` from ``codex exec --json`` stdout.
 
     The transcript is the completed items in order (``agent_message``, ``reasoning``,
@@ -80,8 +81,8 @@ def parse_events(stdout: str) -> tuple[str | None, list[dict[str, Any]], dict[st
     ``{"type": "error", "message": ...}``. ``summary`` has ``thread_id``, ``usage`` and ``failed``.
     """
     final: str | None = None
-    transcript: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {"failed": False}
+    transcript: list[JSONObject] = []
+    summary: JSONObject = {"failed": False}
     for line in stdout.splitlines():
         line = line.strip()
         if not line.startswith("{"):

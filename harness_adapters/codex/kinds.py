@@ -26,12 +26,13 @@ from typing import Any
 
 from clawgym_env.capture.records import CallRecord
 from clawgym_env.harness import KindVerdict, verdicts_per_call
+from clawgym_env.jsontypes import JSONObject
 
 METADATA_HEADER = "x-codex-turn-metadata"
 ROOT_AGENT = "/root"
 
 
-def turn_metadata(headers: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def turn_metadata(headers: Mapping[str, Any] | None) -> JSONObject | None:
     """The parsed ``x-codex-turn-metadata`` header, or None when absent or not a JSON object."""
     if not isinstance(headers, Mapping):
         return None

@@ -23,6 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+#: A JSON object on the model API's wire (``clawgym_env.jsontypes.JSONObject``, spelled out: this script runs
+#: in the sandbox as its own process, importing nothing of the library).
+JSONObject = dict[str, Any]
+
 SYSTEM_PROMPT = (
     "You are mini, a careful software agent working in a Linux shell. Your current working directory is "
     "the task workspace; all relative paths refer to it. Use the tools to inspect and change files and to "
@@ -98,7 +102,7 @@ def _complete(client, model: str, messages: list, stream: bool):
                  for c in (msg.tool_calls or [])]
         return msg.content or "", calls
     content = ""
-    slots: dict[int, dict[str, Any]] = {}
+    slots: dict[int, JSONObject] = {}
     for chunk in client.chat.completions.create(model=model, messages=messages, tools=TOOLS, stream=True,
                                                 stream_options={"include_usage": True}):
         if not chunk.choices:

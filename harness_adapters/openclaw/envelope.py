@@ -12,12 +12,12 @@ Invariant: :func:`parse_envelope` never raises; the final answer is the envelope
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from clawgym_env.harness import HarnessOutput
+from clawgym_env.jsontypes import JSONObject
 
 
-def find_envelope(stdout: str) -> dict[str, Any] | None:
+def find_envelope(stdout: str) -> JSONObject | None:
     """The last JSON object in ``stdout`` that looks like an agent-exec envelope (has ``status``)."""
     decoder = json.JSONDecoder()
     found = None
@@ -39,12 +39,12 @@ def parse_envelope(stdout: str) -> HarnessOutput:
     env = find_envelope(stdout or "")
     if env is None:
         return HarnessOutput(final_message=None)
-    transcript: list[dict[str, Any]] = []
+    transcript: list[JSONObject] = []
     for p in env.get("payloads") or []:
         if isinstance(p, dict) and isinstance(p.get("text"), str):
             transcript.append({"role": "assistant", "content": p["text"]})
     keys = ("status", "assistantTurns", "toolSummary", "usage", "model", "provider", "sessionId", "error")
-    summary: dict[str, Any] = {k: env.get(k) for k in keys if k in env}
+    summary: JSONObject = {k: env.get(k) for k in keys if k in env}
     transcript.append({"role": "harness", "type": "openclaw_summary", **summary})
     final = env.get("final")
     ok = env.get("status") == "ok" and env.get("ok", True) is not False

@@ -12,15 +12,15 @@ Invariant: :func:`parse_stream` never raises; non-JSON lines are skipped; the fi
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from clawgym_env.harness import HarnessOutput
+from clawgym_env.jsontypes import JSONObject
 
 SUMMARY_KEYS = ("subtype", "is_error", "num_turns", "duration_ms", "duration_api_ms", "usage", "session_id",
                 "error", "stop_reason")
 
 
-def events(stdout: str) -> list[dict[str, Any]]:
+def events(stdout: str) -> list[JSONObject]:
     """Every JSON object line of ``stdout`` with a string ``type``, in order."""
     out = []
     for line in (stdout or "").splitlines():
@@ -36,7 +36,7 @@ def events(stdout: str) -> list[dict[str, Any]]:
     return out
 
 
-def _message(ev: dict[str, Any]) -> dict[str, Any] | None:
+def _message(ev: JSONObject) -> JSONObject | None:
     msg = ev.get("message")
     if not isinstance(msg, dict):
         return None
@@ -46,7 +46,7 @@ def _message(ev: dict[str, Any]) -> dict[str, Any] | None:
 
 def parse_stream(stdout: str) -> HarnessOutput:
     """Final answer (the successful ``result`` event's text) and the assistant/user messages."""
-    transcript: list[dict[str, Any]] = []
+    transcript: list[JSONObject] = []
     final = None
     for ev in events(stdout):
         kind = ev["type"]

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.policy.base import GenerationContext
 from clawgym_env.policy.chat_format import assistant_text, content_to_text
 from clawgym_env.policy.scripted import NOOP_ANSWER, ScriptedPolicy, plan_call, resolve_tools
@@ -30,7 +30,7 @@ _EXIT_LINE = re.compile(r"^\s*exit[ _]code\s*[:=]\s*-?\d+\s*$", re.I | re.M)
 _MARKERS = re.compile(r"<\|[^|>]*\|>|</?tool_call>|</?think>|</?tool_response>")
 
 
-def last_tool_output(messages: list[dict[str, Any]]) -> str:
+def last_tool_output(messages: list[JSONObject]) -> str:
     """The last tool result of the conversation as a final answer (see the module invariants)."""
     for message in reversed(messages):
         if message.get("role") == "tool":

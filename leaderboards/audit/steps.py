@@ -18,8 +18,8 @@ import base64
 import dataclasses
 import posixpath
 import shlex
-from typing import Any
 
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.policy.scripted import NOOP_ANSWER
 
 HEREDOC_END = "CLAWGYM_AUDIT_EOF"
@@ -34,10 +34,10 @@ class AuditScript:
     """Tool steps then a final answer. ``final=None``: the answer is the last tool result the harness
     returned (its ``exit code: N`` line left out), so a replayed solution reports what it computed."""
 
-    steps: tuple[dict[str, Any], ...] = ()
+    steps: tuple[JSONObject, ...] = ()
     final: str | None = NOOP_ANSWER
 
-    def as_steps(self) -> list[dict[str, Any]]:
+    def as_steps(self) -> list[JSONObject]:
         """The scripted-policy step list (a JSON file of it plays the same with ``scripted:file:PATH``;
         an adaptive final is written as the do-nothing answer there)."""
         return [*self.steps, {"final": self.final if self.final is not None else NOOP_ANSWER}]
@@ -47,7 +47,7 @@ NOOP = AuditScript()
 """The do-nothing agent: no tool call, the answer ``I am done.`` (as ``scripted:noop``)."""
 
 
-def bash(command: str) -> dict[str, Any]:
+def bash(command: str) -> JSONObject:
     """One ``bash`` step."""
     return {"tool": "bash", "command": command}
 
@@ -114,7 +114,7 @@ def script_lines(*parts: str) -> str:
     return "".join(p if p.endswith("\n") else p + "\n" for p in parts if p)
 
 
-def bash_steps(*fragments: str, budget: int = STEP_CHARS) -> tuple[dict[str, Any], ...]:
+def bash_steps(*fragments: str, budget: int = STEP_CHARS) -> tuple[JSONObject, ...]:
     """The fragments packed, in order, into as few ``bash`` steps as fit ``budget`` each (a fragment is
     never split; one larger than the budget gets a step of its own)."""
     steps, cur, weight = [], "", 0

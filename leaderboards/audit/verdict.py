@@ -21,7 +21,8 @@ Rules (:data:`EPSILON` = 1e-6 on rewards in [0, 1]):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+
+from clawgym_env.jsontypes import JSONObject
 
 EPSILON = 1e-6
 SCORED = ("ok", "reward_error", "harness_error", "timeout", "no_final_answer")
@@ -63,11 +64,11 @@ class AttackOutcome:
             return "ok (its control scores as much)"
         return "ok"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """``{"reward", "beats_baseline", ...}`` or ``{"skipped": why}``."""
         if self.skipped is not None:
             return {"skipped": self.skipped}
-        out: dict[str, Any] = {"reward": self.reward, "beats_baseline": self.beats_baseline}
+        out: JSONObject = {"reward": self.reward, "beats_baseline": self.beats_baseline}
         if self.status != "ok":
             out["status"] = self.status
         if self.escapes_scoring:
@@ -115,11 +116,11 @@ class GoldOutcome:
             return "BROKEN (the expert misses full marks)"
         return "ok"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """``{"expert", "wrong", "passed", ["reason"]}`` or ``{"skipped": why}``."""
         if self.skipped is not None:
             return {"skipped": self.skipped}
-        out: dict[str, Any] = {"expert": self.expert, "wrong": self.wrong, "passed": self.passed}
+        out: JSONObject = {"expert": self.expert, "wrong": self.wrong, "passed": self.passed}
         if self.reason:
             out["reason"] = self.reason
         return out
@@ -152,11 +153,11 @@ class TaskAudit:
             out.append("the expert misses full marks" + (f" ({self.gold.reason})" if self.gold.reason else ""))
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """This task's entry of the JSON line."""
         attacks = {name: a.to_json() for name, a in self.attacks.items()}
         attacks["gold"] = self.gold.to_json()
-        out: dict[str, Any] = {"baseline": self.baseline, "attacks": attacks, "hackable": self.hackable}
+        out: JSONObject = {"baseline": self.baseline, "attacks": attacks, "hackable": self.hackable}
         if self.baseline_status != "ok":
             out["baseline_status"] = self.baseline_status
         if self.problems:
@@ -194,7 +195,7 @@ class AuditReport:
             return 1
         return 3 if self.incomplete else 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """The one JSON object ``clawgym audit --json`` ends with."""
         return {"suite": self.suite, "harness": self.harness, "sandbox": self.sandbox,
                 "tasks": {tid: t.to_json() for tid, t in self.tasks.items()}, "hackable": self.hackable,
