@@ -3,7 +3,9 @@
 Run from the repository root: ``python scripts/house_counts.py``. Library code only (task data under
 ``tasks/builtin``, ``tasks/families``, ``tasks/fixtures`` and ``reward/`` scripts excluded). Counts:
 
-* ``dict[str, Any]`` occurrences in source text;
+* ``dict[str, Any]`` occurrences in source text; then, in code only (the syntax tree: no comments or docstrings),
+  the wire-JSON annotations (uses of the ``JSONObject`` alias, :mod:`clawgym_env.jsontypes`) and the bare
+  ``dict[str, Any]`` left, per package (the alias's own definitions not counted);
 * public functions/methods (no leading underscore, in a public module and class) and how many carry ``Any``
   in a parameter or return annotation;
 * public functions taking ``**kwargs: Any``;
@@ -69,6 +71,34 @@ def signatures(path: Path) -> tuple[int, int, int]:
     return total, with_any, kw_any
 
 
+def _is_dict_str_any(node: ast.AST) -> bool:
+    if not (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "dict"):
+        return False
+    s = node.slice
+    return (isinstance(s, ast.Tuple) and len(s.elts) == 2 and isinstance(s.elts[0], ast.Name)
+            and s.elts[0].id == "str" and isinstance(s.elts[1], ast.Name) and s.elts[1].id == "Any")
+
+
+def json_counts(path: Path) -> tuple[int, int]:
+    """(uses of ``JSONObject``, bare ``dict[str, Any]`` left) in ``path``'s code; an assignment defining the
+    ``JSONObject`` alias is neither."""
+    tree = ast.parse(path.read_text())
+    defining: set[int] = set()
+    for node in ast.walk(tree):
+        target: ast.expr
+        if isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id == "JSONObject":
+            defining.update(id(n) for n in ast.walk(value))
+    uses = sum(isinstance(n, ast.Name) and n.id == "JSONObject" and isinstance(n.ctx, ast.Load) for n in ast.walk(tree))
+    bare = sum(_is_dict_str_any(n) and id(n) not in defining for n in ast.walk(tree))
+    return uses, bare
+
+
 def grpo_fields() -> tuple[int, int]:
     sys.path.insert(0, str(ROOT))
     for name in ("trainers.grpo.train", "trainers.grpo"):
@@ -118,6 +148,16 @@ def main() -> None:
         ("GRPO Args top-level fields", top),
         ("GRPO Args leaf fields", leaf),
         ("README lines", len((ROOT / "README.md").read_text().splitlines())),
+    ]
+    by_pkg = {pkg: [0, 0] for pkg in PACKAGES}
+    for p in files:
+        uses, bare = json_counts(p)
+        by_pkg[p.relative_to(ROOT).parts[0]][0] += uses
+        by_pkg[p.relative_to(ROOT).parts[0]][1] += bare
+    rows[3:3] = [
+        ("wire-JSON annotations (JSONObject uses)", sum(u for u, _ in by_pkg.values())),
+        ("bare dict[str, Any] left (code)", sum(b for _, b in by_pkg.values())),
+        *((f"  {pkg}: JSONObject / bare dict[str, Any]", f"{u} / {b}") for pkg, (u, b) in by_pkg.items()),
     ]
     width = max(len(r[0]) for r in rows)
     for name, value in rows:
