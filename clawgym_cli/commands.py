@@ -222,7 +222,7 @@ def cmd_export(args) -> int:
     """``clawgym export``: a checkpoint (or a run's latest) as a Hugging Face model directory, merged or adapter."""
     from trainers.scale.export import export_checkpoint
 
-    res = export_checkpoint(args.checkpoint, args.out, adapter=args.adapter, force=args.force)
+    res = export_checkpoint(args.checkpoint, args.out, adapter=args.adapter, force=args.force, dtype=args.dtype)
     base = f" (base: {res.base})" if res.base else ""
     print(f"exported step {res.step} of {res.checkpoint} as a {res.kind} model to {res.out}{base}; evaluate it with "
           f"--policy transformers:{res.out}" + ("" if res.base else f" or --policy vllm:{res.out}"))

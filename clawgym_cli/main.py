@@ -153,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--adapter", action="store_true", help="LoRA runs: write the peft adapter (and its base) instead "
                                                           "of the merged model")
     ex.add_argument("--force", action="store_true", help="replace an earlier export in --out")
+    ex.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                    help="dtype of the written weights, whatever the masters' (default: bfloat16)")
     ex.set_defaults(func=cmd_export)
     from trainers.quickstart import add_arguments as quickstart_arguments
 

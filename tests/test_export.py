@@ -1,5 +1,8 @@
 """``clawgym export``: a checkpoint becomes a Hugging Face model directory (merged, or a LoRA adapter with its
-base) that transformers and ``--policy transformers:DIR`` load and that scores like the trained policy."""
+base) that transformers and ``--policy transformers:DIR`` load and that scores like the trained policy.
+
+The exports compared within float rounding ask for ``--dtype float32`` (the masters'); the default, bfloat16, is
+tested in tests/test_gpu_readiness_weights.py."""
 
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ def test_merged_lora_export_loads_in_transformers_and_matches_the_policy(tmp_pat
 
     policy, run = _trained_run(tmp_path, lora=4)
     out = tmp_path / "hf"
-    assert main(["export", run, "--out", str(out)]) == 0
+    assert main(["export", run, "--out", str(out), "--dtype", "float32"]) == 0
     assert "merged model" in capsys.readouterr().out
     model = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     assert not any("lora" in k for k in model.state_dict())
@@ -68,7 +71,7 @@ def test_adapter_export_applies_to_its_base(tmp_path):
 
     policy, run = _trained_run(tmp_path, lora=4)
     out = tmp_path / "adapter"
-    assert main(["export", f"{run}/checkpoints/step_000003", "--out", str(out), "--adapter"]) == 0
+    assert main(["export", f"{run}/checkpoints/step_000003", "--out", str(out), "--adapter", "--dtype", "float32"]) == 0
     assert (out / "adapter_config.json").is_file() and not (out / "model.safetensors").exists()
     base_dir = json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]
     base = AutoModelForCausalLM.from_pretrained(base_dir)
@@ -82,7 +85,7 @@ def test_full_finetune_export_matches(tmp_path):
 
     policy, run = _trained_run(tmp_path, lora=0)
     out = tmp_path / "hf"
-    assert main(["export", run, "--out", str(out)]) == 0
+    assert main(["export", run, "--out", str(out), "--dtype", "float32"]) == 0
     model = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     torch.testing.assert_close(_logits(model), _logits(policy.causal_lm), atol=1e-5, rtol=1e-5)
 

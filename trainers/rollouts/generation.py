@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from clawgym_env.errors import ConfigError, PolicyError
+from trainers.scale.serving_names import serving_dtype
 from trainers.scale.weight_sync import (
     GatherOnlySync,
     InProcessSync,
@@ -67,8 +68,12 @@ class GenerationConfig:
     collective_backend: Literal["auto", "gloo", "nccl"] = "auto"
     """with ``sync: collective``: the group's backend (``auto``: nccl when CUDA is available, else gloo)"""
     dtype: str = "auto"
-    """with ``vllm``: ``--dtype`` of the engines (``auto``: the model config's; ``float32`` for exact logprob
+    """with ``vllm``: ``--dtype`` of the engines (``auto``: the serving dtype; ``float32`` for exact logprob
     comparisons on CPU)"""
+    serving_dtype: str | None = None
+    """with ``vllm``: the dtype of the weights written (``v0`` and every sync folder) or broadcast to the engines,
+    whatever the masters' (``policy.dtype``); the engines run in it. None: ``dtype`` when it names one, else
+    ``bfloat16``"""
     venv: str | None = None
     """with ``vllm``: the vLLM virtual environment (None: ``$CLAWGYM_VLLM_VENV`` or the default cache one)"""
     enforce_eager: bool = False
@@ -92,6 +97,7 @@ class GenerationConfig:
         if self.collective_backend not in ("auto", "gloo", "nccl"):
             raise ValueError("generation.collective_backend must be auto, gloo or nccl, not "
                              f"{self.collective_backend!r}")
+        serving_dtype(self.serving_dtype, self.dtype)  # a ValueError unless known and agreeing
         if self.replicas < 1 or self.tensor_parallel_size < 1:
             raise ValueError("generation.replicas and generation.tensor_parallel_size must be >= 1")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -139,7 +145,8 @@ def _start_servers(cfg: GenerationConfig, model_dir: Path, max_model_len: int, l
             own = cfg.gpus[i * cfg.tensor_parallel_size:(i + 1) * cfg.tensor_parallel_size]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in own)
         servers.append(VLLMServer(model_dir, host=cfg.host, venv=cfg.venv, served_model_name="trainee",
-                                  dtype=cfg.dtype, max_model_len=max_model_len, kv_cache_gib=cfg.kv_cache_gib,
+                                  dtype=serving_dtype(cfg.serving_dtype, cfg.dtype), max_model_len=max_model_len,
+                                  kv_cache_gib=cfg.kv_cache_gib,
                                   enforce_eager=cfg.enforce_eager, extra_args=_server_args(cfg), env=env,
                                   log_path=logs / f"vllm-replica{i}.log", startup_timeout_s=cfg.startup_timeout_s,
                                   worker_extension=worker_extension))
@@ -196,7 +203,8 @@ def open_generation(cfg: GenerationConfig, policy: Any, out_dir: str | os.PathLi
     if trainer_rank() != 0:
         yield GatherOnlySync()
         return
-    first = write_model_dir(state, policy.causal_lm, policy.tokenizer, root / "v0")
+    dtype = serving_dtype(cfg.serving_dtype, cfg.dtype)
+    first = write_model_dir(state, policy.causal_lm, policy.tokenizer, root / "v0", dtype=dtype)
     del state
     method = _sync_method(cfg, first)
     max_len = int(cfg.max_model_len or max_context_tokens)
@@ -215,7 +223,7 @@ def open_generation(cfg: GenerationConfig, policy: Any, out_dir: str | os.PathLi
                                             backend=_collective_backend(cfg), host=cfg.host,
                                             timeout_s=cfg.startup_timeout_s)
         sync = VLLMSync(serving, servers, method=method, root=root, model=policy.causal_lm, tokenizer=policy.tokenizer,
-                        broadcaster=broadcaster, keep=cfg.keep_versions)
+                        broadcaster=broadcaster, keep=cfg.keep_versions, dtype=dtype)
         yield sync
     finally:
         if sync is not None:

@@ -12,8 +12,12 @@ number of ranks) and writes one of:
   plus the tokenizer; its base is the run's ``policy.model`` folder, or for a random-init ``tiny*``
   base the base model written to ``DIR/base/`` (``adapter_config.json`` names it).
 
+The weights are written in ``dtype`` (``--dtype``, default ``bfloat16``), whatever the masters' (``policy.dtype``,
+often ``float32``): the merged model (LoRA merged in the masters' dtype first), or the random-init base written next
+to an adapter; the adapter's own tensors keep the masters' dtype.
+
 Every export holds ``clawgym_export.json``: what was exported from where (checkpoint, step,
-version, kind, base, policy config). Invariants: the export produces the trained policy's logits
+version, kind, base, dtype, policy config). Invariants: the export produces the trained policy's logits
 (merged: up to float rounding of the merge); an existing non-empty ``--out`` is replaced only with
 ``force`` and only when it is an earlier export.
 """
@@ -29,6 +33,7 @@ from typing import Any
 from clawgym_env.errors import ConfigError, PolicyError
 from trainers.policy import TINY_MODELS, PolicyConfig, TrainablePolicy, load_causal_lm
 from trainers.scale.checkpoint import load_checkpoint, resolve_checkpoint
+from trainers.scale.serving_names import DEFAULT_SERVING_DTYPE, dtype_name
 
 EXPORT_NOTE = "clawgym_export.json"
 BASE_DIR = "base"
@@ -77,9 +82,14 @@ def _prepare_out(out: Path, force: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def export_checkpoint(source: str | Path, out: str | Path, *, adapter: bool = False,
-                      force: bool = False) -> ExportResult:
-    """Export ``source`` (a checkpoint folder or a run's ``out_dir``: its latest) to ``out`` (see the module doc)."""
+def export_checkpoint(source: str | Path, out: str | Path, *, adapter: bool = False, force: bool = False,
+                      dtype: str = DEFAULT_SERVING_DTYPE) -> ExportResult:
+    """Export ``source`` (a checkpoint folder or a run's ``out_dir``: its latest) to ``out``, weights in ``dtype``
+    (see the module doc)."""
+    try:
+        dtype = dtype_name(dtype, "--dtype")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     path = resolve_checkpoint(source)
     state = json.loads((path / "state.json").read_text())
     cfg = policy_config_of(state, path)
@@ -92,20 +102,33 @@ def export_checkpoint(source: str | Path, out: str | Path, *, adapter: bool = Fa
     load_checkpoint(path, policy, None, restore_rng=False)
     base: str | None = None
     if adapter:
-        base = _write_adapter(policy, cfg, out)
+        base = _write_adapter(policy, cfg, out, dtype)
     else:
-        policy.save_pretrained(out)
+        _write_merged(policy, out, dtype)
     note = {"checkpoint": str(path.resolve()), "step": state.get("step"), "version": state.get("version"),
-            "kind": "adapter" if adapter else "merged", "base": base, "policy": dataclasses.asdict(cfg)}
+            "kind": "adapter" if adapter else "merged", "base": base, "dtype": dtype,
+            "policy": dataclasses.asdict(cfg)}
     (out / EXPORT_NOTE).write_text(json.dumps(note, indent=2) + "\n")
     return ExportResult(out=out, kind=note["kind"], checkpoint=path, step=int(state.get("step") or 0), base=base)
 
 
-def _write_adapter(policy: TrainablePolicy, cfg: PolicyConfig, out: Path) -> str:
+def _write_merged(policy: TrainablePolicy, out: Path, dtype: str) -> None:
+    """The plain causal LM (LoRA merged in the masters' dtype, then cast to ``dtype``) + tokenizer, as
+    ``save_pretrained`` writes them (a Qwen3-MoE's experts per expert)."""
+    import torch
+
+    plain = policy.serving_copy().to(getattr(torch, dtype))
+    plain.save_pretrained(str(out))
+    policy.tokenizer.save_pretrained(str(out))
+
+
+def _write_adapter(policy: TrainablePolicy, cfg: PolicyConfig, out: Path, dtype: str) -> str:
     """peft's adapter folder + tokenizer; returns the base model directory the adapter applies to."""
+    import torch
+
     if cfg.model in TINY_MODELS:  # a random-init base exists nowhere else: write it next to the adapter
         base_dir = (out / BASE_DIR).resolve()
-        load_causal_lm(cfg, policy.tokenizer).save_pretrained(str(base_dir))
+        load_causal_lm(cfg, policy.tokenizer).to(getattr(torch, dtype)).save_pretrained(str(base_dir))
         policy.tokenizer.save_pretrained(str(base_dir))
         base = str(base_dir)
     else:

@@ -21,6 +21,11 @@ the trainer's count of optimiser steps so far. Implementations:
   (:class:`~clawgym_env.policy.vllm.collective.WeightBroadcaster`), no files.
 * :class:`GatherOnlySync` — a trainer rank other than 0: joins the gather, serves nothing.
 
+What reaches a vLLM engine (the ``v0`` folder it starts from, every folder and every broadcast) is in the serving
+layout of :mod:`trainers.scale.serving_names`: the names and shapes of the model's Hugging Face checkpoint (a
+Qwen3-MoE's fused experts split per expert), floating-point tensors in the serving dtype (``dtype``; the masters
+keep theirs). The in-process backend serves the trainer's own module layout and dtype.
+
 Invariants: after ``push(p, v)`` returns, every generation that starts later uses the pushed
 weights; versions served are strictly increasing; a push that fails raises
 :class:`~clawgym_env.errors.PolicyError` and leaves the served weights unchanged (the in-process
@@ -42,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from clawgym_env.errors import ConfigError, PolicyError
+from trainers.scale.serving_names import dtype_name, to_serving
 
 if TYPE_CHECKING:
     import torch
@@ -163,11 +169,31 @@ class GatherOnlySync:
         """Nothing to release."""
 
 
-def write_model_dir(state: Mapping[str, torch.Tensor], model: Any, tokenizer: Any, out: str | Path) -> Path:
-    """A model folder vLLM and transformers load: ``model.safetensors`` of ``state``, ``model``'s config (with
-    its ``architectures``, which vLLM needs to pick the generating model class, and its ``dtype``, the weights'
-    when unset) and the tokenizer. A tied output embedding (``tie_word_embeddings``) is left out, as
-    ``save_pretrained`` does."""
+def model_type_of(model: Any) -> str:
+    """``model.config.model_type`` (empty when ``model`` has no config): the row of the serving layout."""
+    return str(getattr(getattr(model, "config", None), "model_type", "") or "")
+
+
+def torch_dtype(name: str | None) -> torch.dtype | None:
+    """The torch dtype of a serving dtype name (None: None, the weights keep theirs)."""
+    import torch
+
+    return None if name is None else getattr(torch, dtype_name(name))
+
+
+def serving_tensors(state: Mapping[str, torch.Tensor], model: Any, dtype: str | None = None) -> dict[str, torch.Tensor]:
+    """``state`` (the trainer's merged weights) in the serving layout of ``model``'s architecture
+    (:func:`trainers.scale.serving_names.to_serving`), floating-point tensors in ``dtype`` (None: kept)."""
+    return to_serving(state, model_type_of(model), dtype=torch_dtype(dtype))
+
+
+def write_model_dir(state: Mapping[str, torch.Tensor], model: Any, tokenizer: Any, out: str | Path, *,
+                    dtype: str | None = None) -> Path:
+    """A model folder vLLM and transformers load: ``model.safetensors`` of ``state`` in the serving layout (the
+    names, shapes and, with ``dtype``, the dtype ``save_pretrained`` of the model in that dtype writes),
+    ``model``'s config (with its ``architectures``, which vLLM needs to pick the generating model class, and its
+    ``dtype``: ``dtype`` when given, else the config's, else the weights') and the tokenizer. A tied output
+    embedding (``tie_word_embeddings``) is left out, as ``save_pretrained`` does."""
     import copy
 
     from safetensors.torch import save_file
@@ -175,13 +201,15 @@ def write_model_dir(state: Mapping[str, torch.Tensor], model: Any, tokenizer: An
     config = copy.deepcopy(model.config)
     if not getattr(config, "architectures", None):
         config.architectures = [type(model).__name__.removeprefix("FSDP")]  # fully_shard renames the class
-    if getattr(config, "dtype", None) is None:  # vLLM's dtype "auto" reads it
+    if dtype is not None:
+        config.dtype = dtype_name(dtype)  # vLLM's dtype "auto" reads it
+    elif getattr(config, "dtype", None) is None:
         config.dtype = next((v.dtype for v in state.values() if v.is_floating_point()), None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tied = bool(getattr(config, "tie_word_embeddings", False))
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()
-               if not (tied and k == "lm_head.weight")}
+    kept = {k: v.detach() for k, v in state.items() if not (tied and k == "lm_head.weight")}
+    tensors = {k: v.to("cpu").contiguous() for k, v in serving_tensors(kept, model, dtype).items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(str(out))
     if tokenizer is not None:
@@ -199,7 +227,7 @@ class VLLMSync:
 
     def __init__(self, serving: ReplicaPolicy, servers: list[VLLMServer], *, method: str, root: str | Path,
                  model: Any = None, tokenizer: Any = None, broadcaster: WeightBroadcaster | None = None,
-                 keep: int = 2) -> None:
+                 keep: int = 2, dtype: str | None = None) -> None:
         if method not in SYNC_METHODS:
             raise ConfigError(f"unknown weight sync method {method!r}; use one of {SYNC_METHODS}")
         if method == "collective" and broadcaster is None:
@@ -212,6 +240,7 @@ class VLLMSync:
         self.tokenizer = tokenizer
         self.broadcaster = broadcaster
         self.keep = max(1, int(keep))
+        self.dtype = None if dtype is None else dtype_name(dtype)
         self.last: dict[str, float] = {}
 
     def push(self, policy, version: int) -> int:
@@ -225,14 +254,16 @@ class VLLMSync:
         if self.method == "collective":
             assert self.broadcaster is not None
             broadcaster = self.broadcaster
+            tensors = serving_tensors(state, self.model, self.dtype)
+            del state
 
             def apply() -> str:
-                broadcaster.push(state.items())
+                broadcaster.push(tensors.items())
                 return "collective"
         else:
             # an in-place reload reads only the weights; a restart serves the folder, tokenizer included
             tokenizer = self.tokenizer if self.method == "restart" else None
-            folder = write_model_dir(state, self.model, tokenizer, self.root / f"v{version}")
+            folder = write_model_dir(state, self.model, tokenizer, self.root / f"v{version}", dtype=self.dtype)
 
             def apply() -> str:
                 used = {server.reload(folder, method=self.method) for server in self.servers}
