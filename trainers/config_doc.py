@@ -31,6 +31,7 @@ from typing import Any
 import pydantic
 
 from clawgym_env.errors import ClawGymError, ConfigError
+from clawgym_env.jsontypes import JSONObject
 
 __all__ = ["ConfigError", "describe", "field_docs", "undocumented", "validate"]
 
@@ -135,11 +136,11 @@ def _keyword_field(name: object) -> bool:
     return isinstance(name, str) and name.endswith("_") and keyword.iskeyword(name[:-1])
 
 
-def keyword_keys(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+def keyword_keys(cls: type, data: JSONObject) -> JSONObject:
     """``data`` with every key that is a Python keyword renamed to its field (``async`` → ``async_``), in ``cls``
     and in its nested dataclass sections."""
     hints = typing.get_type_hints(cls)
-    out: dict[str, Any] = {}
+    out: JSONObject = {}
     for key, value in data.items():
         name = f"{key}_" if isinstance(key, str) and keyword.iskeyword(key) else key
         sub = _nested(hints.get(name)) if isinstance(name, str) else None
@@ -147,14 +148,14 @@ def keyword_keys(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def moved_keys(cls: type, data: dict[str, Any]) -> list[str]:
+def moved_keys(cls: type, data: JSONObject) -> list[str]:
     """One line per top-level key of ``data`` that ``cls`` no longer has because it moved into a section."""
     moved: dict[str, str] = getattr(cls, "MOVED_KEYS", {})
     fields = {f.name for f in dataclasses.fields(cls)}
     return [f"`{key}` moved to `{moved[key]}`" for key in data if key in moved and key not in fields]
 
 
-def validate(cls: type, data: dict[str, Any], where: str = "config") -> Any:
+def validate(cls: type, data: JSONObject, where: str = "config") -> Any:
     """``cls(**data)`` validated by pydantic; a :class:`ConfigError` naming each bad key otherwise (a moved key
     with its new place)."""
     _forbid_extra(cls)

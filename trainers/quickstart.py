@@ -32,7 +32,8 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+
+from clawgym_env.jsontypes import JSONObject
 
 FAMILY = Path(__file__).resolve().parents[1] / "tasks" / "families"
 
@@ -63,14 +64,14 @@ class Config:
     rl_epochs: int = 4
 
 
-def _rate(ev: dict[str, Any]) -> str:
+def _rate(ev: JSONObject) -> str:
     if not ev["episodes"]:
         return "no scored episode"
     return f"{ev['pass_rate']:.1%} ({ev['passed']}/{ev['episodes']} episodes" + (
         f", {ev['infra_failures']} infra failures excluded)" if ev["infra_failures"] else ")")
 
 
-def _plot(report: dict[str, Any], rl_metrics: Path, out: Path) -> Path | None:
+def _plot(report: JSONObject, rl_metrics: Path, out: Path) -> Path | None:
     try:
         import matplotlib
 
@@ -113,7 +114,7 @@ def _plot(report: dict[str, Any], rl_metrics: Path, out: Path) -> Path | None:
     return path
 
 
-def run(cfg: Config, echo=print) -> dict[str, Any]:
+def run(cfg: Config, echo=print) -> JSONObject:
     """Run the quickstart (module docstring); returns the report also written to ``quickstart.json``."""
     import torch
 
@@ -143,7 +144,7 @@ def run(cfg: Config, echo=print) -> dict[str, Any]:
          f"held-out {len(heldout)} tasks x {cfg.eval_samples} samples, T={cfg.temperature}")
     times: dict[str, float] = {}
 
-    def evaluate_now(label: str) -> dict[str, Any]:
+    def evaluate_now(label: str) -> JSONObject:
         t0 = time.perf_counter()
         sync = InProcessSync.for_policy(policy, name=f"tiny-{label}")
         with Runtime(sync.serving, out_dir=out / "eval" / label) as rt:
@@ -155,7 +156,7 @@ def run(cfg: Config, echo=print) -> dict[str, Any]:
              f"[{times[f'eval_{label}_s']:.0f} s]")
         return ev
 
-    report: dict[str, Any] = {"config": dataclasses.asdict(cfg), "eval": {}}
+    report: JSONObject = {"config": dataclasses.asdict(cfg), "eval": {}}
     report["eval"]["before_sft"] = evaluate_now("before_sft")
 
     t0 = time.perf_counter()
@@ -213,7 +214,7 @@ WHAT_IT_MEASURES = ("What this measures: held-out tasks have their own logs and 
                     "learned procedure runs under sampling on unseen inputs, not generalisation to new instructions.")
 
 
-def _verdict(sft_ev: dict[str, Any], rl_ev: dict[str, Any]) -> str:
+def _verdict(sft_ev: JSONObject, rl_ev: JSONObject) -> str:
     """One plain sentence comparing RL with SFT on held-out tasks, with a rough significance check."""
     if not sft_ev["episodes"] or not rl_ev["episodes"]:
         return "RL vs SFT: not comparable (an evaluation had no scored episode)."
@@ -229,19 +230,19 @@ def _verdict(sft_ev: dict[str, Any], rl_ev: dict[str, Any]) -> str:
     return f"RL did NOT improve over SFT on held-out tasks: {diff}."
 
 
-def run_seeds(cfg: Config, echo=print) -> dict[str, Any]:
+def run_seeds(cfg: Config, echo=print) -> JSONObject:
     """The quickstart once per seed of ``cfg.seeds`` (``"0,1,2"``), each in ``<out_dir>/seed_<s>``, then the mean
     and the range of every held-out pass rate over the seeds (``<out_dir>/quickstart_seeds.json``). Every seed
     of the list is reported, never the best one."""
     seeds = [int(x) for x in cfg.seeds.split(",") if x.strip()]
     if len(seeds) != len(set(seeds)) or not seeds:
         raise SystemExit(f"--seeds {cfg.seeds!r}: give distinct integers, e.g. --seeds 0,1,2")
-    runs: list[dict[str, Any]] = []
+    runs: list[JSONObject] = []
     for s in seeds:
         echo(f"[quickstart] === seed {s} ({len(runs) + 1}/{len(seeds)}) ===")
         runs.append(run(dataclasses.replace(cfg, seed=s, seeds="", out_dir=str(Path(cfg.out_dir) / f"seed_{s}")),
                         echo))
-    summary: dict[str, Any] = {"seeds": seeds, "measures": WHAT_IT_MEASURES, "eval": {}}
+    summary: JSONObject = {"seeds": seeds, "measures": WHAT_IT_MEASURES, "eval": {}}
     echo("")
     echo(f"== quickstart over seeds {seeds}: held-out pass rate, mean [min, max] over the seeds")
     for key, label in (("before_sft", "before SFT"), ("after_sft", "after SFT "), ("after_rl", "after RL  ")):

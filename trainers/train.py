@@ -33,11 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from clawgym_env.errors import ClawGymError
+from clawgym_env.jsontypes import JSONObject
 from trainers.config_doc import ConfigError, describe, validate
 from trainers.summary import TrainSummary
 
 
-def load_config(path: str | Path) -> dict[str, Any]:
+def load_config(path: str | Path) -> JSONObject:
     """Read a YAML (``.yaml``/``.yml``) or JSON config file into a dict."""
     path = Path(path)
     if not path.is_file():
@@ -57,7 +58,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply_overrides(data: JSONObject, overrides: list[str]) -> JSONObject:
     """``["a.b=1", ...]`` → nested keys set (values parsed as YAML)."""
     import yaml
 
@@ -97,7 +98,7 @@ def available_algorithms() -> list[str]:
     return algorithms.names()
 
 
-def args_from_config(data: dict[str, Any]) -> tuple[Any, Any]:
+def args_from_config(data: JSONObject) -> tuple[Any, Any]:
     """(algorithm module, its Args) from a config mapping."""
     data = dict(data)
     name = str(data.pop("algo", "grpo"))
@@ -125,7 +126,7 @@ def format_summary(summary: TrainSummary, wall_s: float) -> str:
     return "\n".join(lines)
 
 
-def run(config: str | Path | dict[str, Any], overrides: list[str] | None = None, *, resume: bool | None = None,
+def run(config: str | Path | JSONObject, overrides: list[str] | None = None, *, resume: bool | None = None,
         echo=print) -> TrainSummary:
     """Load, check and run a config; prints and returns the summary. ``resume=False`` starts fresh
     even when ``out_dir`` holds a checkpoint (for algorithms that resume)."""

@@ -31,12 +31,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from clawgym_env.capture.tree import CallTree
 from clawgym_env.errors import ConfigError
+from clawgym_env.jsontypes import JSONObject
 from trainers.batch.logprobs import token_logprobs
 from trainers.batch.packing import PackedTree, pack_batch, scorable_mask, trainable_mask
 
@@ -86,11 +86,11 @@ class ConsistencyReport:
         """Truncated importance weights of the compared tokens, aligned with :meth:`flat_log_ratio`."""
         return torch.cat([w[m] for w, m in zip(self.weights, self.compared)])
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         """The scalar statistics (JSON-ready)."""
         keys = ("clip", "threshold", "num_trees", "num_calls", "inexact_calls", "sampled_tokens", "compared_tokens",
                 "inexact_tokens", "mean", "std", "max_abs", "share_beyond", "share_clipped", "mean_weight")
-        out: dict[str, Any] = {k: getattr(self, k) for k in keys}
+        out: JSONObject = {k: getattr(self, k) for k in keys}
         out["quantiles"] = dict(self.quantiles)
         out["inexact_call_share"] = self.inexact_call_share
         out["inexact_token_share"] = self.inexact_token_share

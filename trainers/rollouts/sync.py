@@ -38,6 +38,8 @@ from clawgym_env.envs.runtime import failed_episode
 from clawgym_env.episodes.run import EpisodeResult
 from clawgym_env.errors import HarnessError
 from clawgym_env.grading.judge import Judge
+from clawgym_env.harness import HarnessAdapter
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.plugins import harnesses, make_harness
 from clawgym_env.policy.base import PolicyBackend, SamplingOverrides
 from clawgym_env.task import Task
@@ -243,7 +245,7 @@ def rollout_fleet(config: RolloutConfig, policy: PolicyBackend, *, sandbox: str 
 def run_jobs(runtime, jobs: Sequence[tuple[Task, str]], *, group_size: int = 1,
              sampling: SamplingOverrides | Mapping[str, Any] | None = None,
              policy_version: int | None = None, concurrency: int = 4, progress: Any = None,
-             adapters: dict[str, Any] | None = None, judge: Judge | None = None,
+             adapters: dict[str, HarnessAdapter] | None = None, judge: Judge | None = None,
              fleet: RolloutFleet | None = None) -> list[EpisodeResult]:
     """Run ``group_size`` episodes of each ``(task, harness)`` job; results in job order.
 
@@ -281,7 +283,7 @@ def run_jobs(runtime, jobs: Sequence[tuple[Task, str]], *, group_size: int = 1,
 def evaluate(runtime, tasks: Sequence[Task], harness: str = "mini", *, samples: int = 1,
              sampling: SamplingOverrides | Mapping[str, Any] | None = None, concurrency: int = 4,
              pass_threshold: float = 1.0,
-             progress: Any = None) -> dict[str, Any]:
+             progress: Any = None) -> JSONObject:
     """Pass rate of the runtime's policy on ``tasks`` (``samples`` episodes each).
 
     Returns ``{"episodes", "passed", "pass_rate", "reward_mean", "infra_failures", "results"}``;

@@ -28,9 +28,9 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 from clawgym_env.errors import ConfigError, PolicyError
+from clawgym_env.jsontypes import JSONObject
 from trainers.policy import TINY_MODELS, PolicyConfig, TrainablePolicy, load_causal_lm
 from trainers.scale.checkpoint import load_checkpoint, resolve_checkpoint
 from trainers.scale.serving_names import DEFAULT_SERVING_DTYPE, dtype_name
@@ -55,7 +55,7 @@ class ExportResult:
     """an adapter's base model directory (None for a merged export)"""
 
 
-def policy_config_of(state: dict[str, Any], path: Path) -> PolicyConfig:
+def policy_config_of(state: JSONObject, path: Path) -> PolicyConfig:
     """The :class:`PolicyConfig` a checkpoint's run trained (``state.json`` → ``config.policy``), on the CPU."""
     config = state.get("config")
     raw = config.get("policy") if isinstance(config, dict) else None
