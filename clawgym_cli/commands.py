@@ -11,14 +11,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from clawgym_env.capture.records import sanitize
 from clawgym_env.errors import ClawGymError
+from clawgym_env.jsontypes import JSONObject
 from clawgym_env.policy.base import SamplingOverrides
 
 
-def _episode_json(result) -> dict[str, Any]:
+def _episode_json(result) -> JSONObject:
     rec = result.record
     return {"task_id": rec.task_id, "suite": rec.suite, "harness": rec.harness, "policy": rec.policy,
             "reward": rec.reward, "subscores": rec.subscores, "status": rec.status, "num_calls": rec.num_calls,
