@@ -58,7 +58,7 @@ def test_no_reader_treats_tree_meta_as_a_dict():
     """Tree meaning is read by attribute everywhere (the typed record replaced the ``meta`` dict)."""
     offenders = []
     for folder in ("trainers", "clawgym_env/capture"):
-        for path in sorted((ROOT / folder).glob("*.py")):
+        for path in sorted((ROOT / folder).rglob("*.py")):  # every concept folder of the package
             text = path.read_text(encoding="utf-8")
             for needle in ('meta.get(', 'meta["', "meta['", '"meta", None'):
                 if needle in text:
@@ -68,10 +68,10 @@ def test_no_reader_treats_tree_meta_as_a_dict():
 
 def test_the_trainable_rule_has_one_implementation():
     """Only trainers/batch/packing.py combines the masks into the trainable rule; every trainer calls it."""
-    copies = [p.name for p in sorted((ROOT / "trainers").glob("*.py"))
+    copies = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "trainers").rglob("*.py"))
               if "logprob_known & ~" in p.read_text(encoding="utf-8") or
               "inexact_token_mask(" in p.read_text(encoding="utf-8")]
-    assert copies == ["packing.py"], copies
+    assert copies == ["trainers/batch/packing.py"], copies
 
 
 def test_ppo_loss_weights_come_from_the_one_batch_builder():
