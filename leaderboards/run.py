@@ -125,7 +125,8 @@ def run_eval(suite: str | Path, *, harness: str, policy: Any, out: str | Path, s
     # absolute: the sandbox binds the episode's workspace by path
     episodes_dir = (Path(episodes_dir) if episodes_dir else out.with_name(out.stem + "-episodes")).resolve()
     with ResultsFile(out) as results, RunLock(episodes_dir, results=out.resolve()) as run:
-        reap_orphan_episodes(episodes_dir, {r.episode_dir for r in results.rows if r.episode_dir}, run.reaped)
+        reap_orphan_episodes(episodes_dir, {r.episode_dir for r in results.rows if r.episode_dir}, run.reaped,
+                             results=out.resolve())
         reaped = run.reaped.runs + run.reaped.cgroups + run.reaped.episode_dirs
         if reaped:
             log.warning("removed %d leftover(s) of dead runs (%d run folders, %d cgroups, %d episode folders)",

@@ -55,6 +55,9 @@ class ReapReport:
     episode_dirs: list[str] = field(default_factory=list)
     live_runs: int = 0
     """Other runs on the same state folder that are alive (their leftovers were left alone)."""
+    dead_started: dict[str, float] = field(default_factory=dict)
+    """Results file (as ``owner.json`` names it) -> the earliest start (epoch seconds, rounded down)
+    of a dead run that wrote it: an episode it finished after that whose row never landed is its."""
 
 
 def _is_locked(lock: Path) -> bool:
@@ -85,9 +88,11 @@ def reap_dead_runs(state_dir: str | Path, *, skip: str | None = None) -> ReapRep
             report.live_runs += 1
             continue
         try:
-            tmp = Path(json.loads((entry / "owner.json").read_text()).get("tmp") or "")
+            owner = json.loads((entry / "owner.json").read_text())
+            tmp = Path(owner.get("tmp") or "")
         except (OSError, ValueError, AttributeError):
-            tmp = Path("")
+            owner, tmp = {}, Path("")
+        _note_dead_start(report, owner)
         if _TMP_NAME.match(tmp.name) and tmp.parent == Path(tempfile.gettempdir()) and not tmp.is_symlink():
             try:
                 unmount_under(tmp)
@@ -101,6 +106,17 @@ def reap_dead_runs(state_dir: str | Path, *, skip: str | None = None) -> ReapRep
         except OSError as exc:
             log.warning("could not reap the dead run %s: %s", entry, exc)
     return report
+
+
+def _note_dead_start(report: ReapReport, owner: object) -> None:
+    if not isinstance(owner, dict) or not isinstance(owner.get("results"), str):
+        return
+    try:
+        started = _dt.datetime.fromisoformat(str(owner.get("started"))).timestamp()
+    except ValueError:
+        return
+    results = owner["results"]
+    report.dead_started[results] = min(started, report.dead_started.get(results, started))
 
 
 def reap_dead_tmp() -> list[str]:
@@ -277,18 +293,23 @@ class RunLock:
         self._fd = self._tmp_fd = None
 
 
-def reap_orphan_episodes(episodes_dir: str | Path, referenced: set[str], report: ReapReport) -> None:
-    """Delete episode folders under ``episodes_dir`` that no results row references and whose
-    episode never finished (no ``episode.json``), plus the kept ``workspace/`` of finished ones no
-    row references. Call only while no other live run uses ``episodes_dir`` (``report.live_runs``)."""
+def reap_orphan_episodes(episodes_dir: str | Path, referenced: set[str], report: ReapReport, *,
+                         results: str | Path | None = None) -> None:
+    """Delete episode folders under ``episodes_dir`` that no results row references and that a dead run
+    left unfinished (no ``episode.json``) or finished without its row landing (killed between the two
+    writes: ``episode.json`` written after a dead run of the same ``results`` file started; the restart
+    redoes that episode). Of other finished folders no row references only the kept ``workspace/`` goes.
+    Call only while no other live run uses ``episodes_dir`` (``report.live_runs``)."""
     root = Path(episodes_dir)
     if report.live_runs or not root.is_dir():
         return
+    dead_since = report.dead_started.get(str(results)) if results is not None else None
     for d in sorted(root.iterdir()):
         if d.name.startswith(".") or d.is_symlink() or not d.is_dir() or str(d) in referenced:
             continue
         try:
-            if not (d / "episode.json").exists():
+            done = d / "episode.json"
+            if not done.exists() or (dead_since is not None and done.stat().st_mtime >= dead_since):
                 remove_tree(d)
                 report.episode_dirs.append(str(d))
             elif (d / "workspace").is_dir():
