@@ -9,7 +9,8 @@ name                        what it stands in for
 :class:`EchoScriptPolicy`   a model: answers ``"Echo: <user text>"``, calls an offered tool once
                             (:mod:`~clawgym_env.testing.policy`; ``echo_policy`` for the registry)
 :class:`EchoHarness`        a harness: one Chat Completions call with the instruction, the answer
-                            printed (:mod:`~clawgym_env.testing.harness`)
+                            printed (:mod:`~clawgym_env.testing.harness`); :func:`sandbox_python`
+                            names this Python as a sandbox sees it (for your own fake harnesses)
 :func:`echo_suite`          a suite: three tiny task dirs graded by ``reward.sh``
                             (:mod:`~clawgym_env.testing.suite`; ``load_echo_suite`` for the registry)
 :class:`JudgeServer`        an LLM judge: an OpenAI-compatible HTTP server answering from a Python
@@ -42,7 +43,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from clawgym_env.testing.harness import EchoHarness
+    from clawgym_env.testing.harness import EchoHarness, sandbox_python
     from clawgym_env.testing.judge import JudgeServer, free_port, replying
     from clawgym_env.testing.policy import FAIL, EchoScriptPolicy, echo_policy
     from clawgym_env.testing.processes import MARKER_ENV, Marked, Watch, assert_no_survivors, survivors
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 
 _EXPORTS: dict[str, str] = {
     "EchoScriptPolicy": "policy", "echo_policy": "policy", "FAIL": "policy",
-    "EchoHarness": "harness",
+    "EchoHarness": "harness", "sandbox_python": "harness",
     "EchoTaskSpec": "suite", "ECHO_TASKS": "suite", "echo_suite": "suite", "load_echo_suite": "suite",
     "JudgeServer": "judge", "replying": "judge", "free_port": "judge",
     "Marked": "processes", "Watch": "processes", "survivors": "processes", "assert_no_survivors": "processes",
@@ -62,7 +63,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "Delay", "ECHO_TASKS", "EchoHarness", "EchoScriptPolicy", "EchoTaskSpec", "FAIL", "JudgeServer", "MARKER_ENV",
     "Marked", "SlowPolicy", "Watch", "assert_no_survivors", "echo_policy", "echo_suite", "fail_once", "free_port",
-    "load_echo_suite", "replying", "survivors",
+    "load_echo_suite", "replying", "sandbox_python", "survivors",
 ]
 
 

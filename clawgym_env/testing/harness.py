@@ -10,7 +10,8 @@ real harness installed.
 Invariants: the process's last stdout line is ``{"type": "final", "final_message": str | null,
 "transcript": [...]}`` and :meth:`EchoHarness.read_output` reads exactly that line (no such line:
 no final answer); the instruction travels as a file in the sandbox's HOME, never on the command
-line; the process needs only the sandbox's Python (and the ``openai`` package for ``client="openai"``).
+line; the process needs only the sandbox's Python (and the ``openai`` package for ``client="openai"``), launched
+as :func:`sandbox_python` names it, so the echo harness runs from a virtual environment as from a system Python.
 
 Usage::
 
@@ -30,7 +31,9 @@ Register it by name for code that looks harnesses up (``make_harness``, ``gym.ma
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Literal
 
 from clawgym_env.harness import Endpoint, HarnessAdapter, HarnessOutput, LaunchSpec
@@ -63,6 +66,24 @@ print(json.dumps({"type": "final", "final_message": answer, "transcript": transc
 '''
 
 
+def sandbox_python() -> str:
+    """This interpreter's path as a sandbox sees it: ``sys.executable`` under the *real* path of ``sys.prefix``.
+
+    A sandbox binds this interpreter's prefix (and base prefix) read-only by its real path (symlinks
+    resolved), and nothing else of the host's folders above it. A virtual environment reached through a
+    symlinked folder (``~/proj -> /data/proj``, a linked ``.venv``) therefore has no ``sys.executable``
+    inside; its real path does. The venv's own ``bin/python`` is kept (not the base interpreter it links
+    to), so ``pyvenv.cfg`` still puts the venv's ``site-packages`` on the path inside. An interpreter outside
+    its prefix is named by its real path."""
+    exe = Path(os.path.abspath(sys.executable))
+    prefix = Path(os.path.abspath(sys.prefix))
+    try:
+        rel = exe.relative_to(prefix)
+    except ValueError:
+        return os.path.realpath(exe)
+    return str(Path(os.path.realpath(prefix)) / rel)
+
+
 class EchoHarness(HarnessAdapter):
     """One model call with the task's instruction; the answer is the final message (see the module doc)."""
 
@@ -78,9 +99,9 @@ class EchoHarness(HarnessAdapter):
         """Where in the workspace the answer is written (None: nowhere)."""
 
     def launch(self, task: Task, endpoint: Endpoint, *, home: str) -> LaunchSpec:
-        """The sandbox's Python running the one-call agent, the instruction as a file in ``home``."""
+        """This Python (:func:`sandbox_python`) running the one-call agent, the instruction as a file in ``home``."""
         instruction = f"{home}/.echo/instruction.txt"
-        argv = [sys.executable, "-c", AGENT, endpoint.base_url, endpoint.model, instruction,
+        argv = [sandbox_python(), "-c", AGENT, endpoint.base_url, endpoint.model, instruction,
                 self.answer_file or "", self.client, str(task.limits.timeout_s)]
         return LaunchSpec(argv=argv, env={"OPENAI_API_KEY": endpoint.api_key}, files={instruction: task.instruction},
                           cwd=task.mount_dir)
