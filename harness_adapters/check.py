@@ -2,11 +2,16 @@
 
 ``check_harness("claude-code")`` (or ``clawgym harness check claude-code``) runs one builtin task
 with the scripted expert, under ``strace`` for network attempts, and :func:`analyze` reports:
-dialect(s), streaming, number of calls and side calls, tools offered, prompt size in tokens,
-whether each call extends the previous call's prompt + output (by messages and by token ids), which
+dialect(s), streaming, number of calls and side calls, the main thread, its tools, prompt size in tokens,
+whether each main-thread call extends the previous one's prompt + output (by messages and by token ids), which
 fields the harness rewrote in the history it sent back (tool-call ids, argument serialisation,
 dropped thinking, whitespace, a moved trailing context message, re-serialised raw history),
 network attempts other than the proxy, startup time and peak memory.
+
+The main thread is found exactly as the call tree labels it (:func:`clawgym_env.capture.call_kinds.classify_calls`):
+the adapter's own ``call_kinds`` first, else the structural default (the conversation with the most calls); a dead
+retry (``discarded_by``) is not part of it. Every other call counts as a side call, so a title or classifier call
+made before the agent's first turn never becomes the thread the report measures.
 
 Adding a harness is: write its adapter, run the check, read the report.
 """
@@ -20,6 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from clawgym_env.capture.call_kinds import KindsAdapter, classify_calls
 from clawgym_env.capture.records import CallRecord, EpisodeRecord
 from clawgym_env.errors import HarnessError
 from clawgym_env.jsontypes import JSONObject
@@ -46,6 +52,10 @@ class ConformanceReport:
     streaming: bool | None
     num_calls: int
     side_calls: int
+    main_calls: list[int]
+    main_thread_by: str
+    call_kinds: dict[str, int]
+    discarded_calls: int
     tools_offered: list[str]
     first_prompt_tokens: int
     max_prompt_tokens: int
@@ -72,6 +82,10 @@ class ConformanceReport:
                 ("dialect", ", ".join(self.dialects) or "-"),
                 ("streaming", {True: "yes", False: "no", None: "mixed"}[self.streaming]),
                 ("calls (side calls)", f"{self.num_calls} ({self.side_calls})"),
+                ("call kinds", ", ".join(f"{k} ×{v}" for k, v in sorted(self.call_kinds.items())) or "-"),
+                ("main thread (call indices)", f"{', '.join(map(str, self.main_calls)) or 'none'}"
+                                               f" - {self.main_thread_by}"),
+                ("discarded retries", str(self.discarded_calls)),
                 ("tools offered", f"{len(self.tools_offered)}: {', '.join(self.tools_offered)}"),
                 ("prompt tokens (first / max)", f"{self.first_prompt_tokens} / {self.max_prompt_tokens}"),
                 ("extends previous call, by messages", yes(self.extends_by_messages)),
@@ -96,12 +110,6 @@ def parsed_messages(call: CallRecord) -> tuple[list[JSONObject], list[JSONObject
 
 def _tool_names(tools: Sequence[JSONObject]) -> list[str]:
     return [str(t.get("function", t).get("name")) for t in tools]
-
-
-def _thread_key(messages: list[JSONObject]) -> tuple:
-    first_user = next((m["content"] for m in messages if m["role"] == "user"), "")
-    system = next((m["content"] for m in messages if m["role"] == "system"), "")
-    return system[:2000], first_user[:2000]
 
 
 def _compare_turn(sent: JSONObject, returned: JSONObject, rewrites: Counter) -> None:
@@ -188,11 +196,23 @@ def network_attempts(trace: str | None) -> list[str]:
     return seen
 
 
-def analyze(harness: str, record: EpisodeRecord, calls: Sequence[CallRecord]) -> ConformanceReport:
-    """Pure analysis of one episode's captured calls (see the module docstring)."""
+def _main_thread(labelled: Sequence[CallRecord]) -> tuple[list[int], str]:
+    """(positions of the main thread in ``labelled``, what decided it): the calls that
+    :func:`~clawgym_env.capture.call_kinds.classify_calls` labelled ``main`` and that are not a discarded retry."""
+    main = [i for i, c in enumerate(labelled) if c.kind == "main" and c.discarded_by is None]
+    reasons = list(dict.fromkeys(str(labelled[i].kind_reason) for i in main))
+    more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
+    return main, "; ".join(reasons[:3]) + more if reasons else "no call is of kind main"
+
+
+def analyze(harness: str, record: EpisodeRecord, calls: Sequence[CallRecord],
+            adapter: KindsAdapter | None = None) -> ConformanceReport:
+    """Pure analysis of one episode's captured calls (see the module docstring); ``adapter`` (the harness's
+    adapter, when at hand) labels the calls as it does for the call tree."""
+    calls = sorted(calls, key=lambda c: c.call_index)
+    labelled = classify_calls(calls, adapter)
+    main, decided_by = _main_thread(labelled)
     parsed = [parsed_messages(c) for c in calls]
-    main_key = _thread_key(parsed[0][0]) if parsed else None
-    main = [i for i, (msgs, _) in enumerate(parsed) if _thread_key(msgs) == main_key]
     rewrites: Counter = Counter()
     by_msgs, by_tokens = [], []
     for a, b in zip(main, main[1:]):
@@ -219,9 +239,11 @@ def analyze(harness: str, record: EpisodeRecord, calls: Sequence[CallRecord]) ->
             if any(raw_prev[k] != raw_next[k] for k in range(n)) and _same_context(nm[:n], pm[:n]):
                 rewrites["raw_history_reserialised"] += 1
     streams = {c.stream for c in calls}
-    tools = _tool_names(parsed[0][1]) if parsed else []
+    tools = _tool_names(parsed[main[0]][1]) if main else []
     started = record.resources.get("harness_started_at")
     notes = []
+    if calls and not main:
+        notes.append("no call is the main thread: the adapter's call_kinds marked every call otherwise")
     if record.status != "ok":
         notes.append(f"probe episode ended with status {record.status}: {record.error}")
     if record.logs.get("network_trace", "").startswith("(no trace"):
@@ -229,13 +251,16 @@ def analyze(harness: str, record: EpisodeRecord, calls: Sequence[CallRecord]) ->
     return ConformanceReport(
         harness=harness, status=record.status, reward=record.reward,
         dialects=sorted({c.dialect for c in calls}), streaming=streams.pop() if len(streams) == 1 else None,
-        num_calls=len(calls), side_calls=len(calls) - len(main), tools_offered=tools,
-        first_prompt_tokens=len(calls[0].prompt_token_ids) if calls else 0,
+        num_calls=len(calls), side_calls=len(calls) - len(main),
+        main_calls=[calls[i].call_index for i in main], main_thread_by=decided_by,
+        call_kinds=dict(Counter(c.kind for c in labelled)),
+        discarded_calls=sum(c.discarded_by is not None for c in labelled), tools_offered=tools,
+        first_prompt_tokens=len(calls[main[0]].prompt_token_ids) if main else 0,
         max_prompt_tokens=max((len(c.prompt_token_ids) for c in calls), default=0),
         extends_by_messages=by_msgs, extends_by_tokens=by_tokens,
         token_exact_share=sum(c.token_exact for c in calls) / len(calls) if calls else 0.0,
         rewrites=dict(rewrites), network_attempts=network_attempts(record.logs.get("network_trace")),
-        startup_s=(calls[0].started_at - started) if calls and started else None, wall_s=record.wall_s,
+        startup_s=(min(c.started_at for c in calls) - started) if calls and started else None, wall_s=record.wall_s,
         peak_memory_mb=record.resources.get("peak_memory_mb"), notes=notes)
 
 
@@ -286,7 +311,7 @@ def check_harness(harness: str, *, task: Task | str | Path = DEFAULT_PROBE_TASK,
     adapter.install()
     with Runtime(policy, sandbox=sandbox, out_dir=out_dir) as rt:
         result = rt.run(probe, adapter, trace_network=True)
-    return analyze(adapter.name, result.record, result.calls)
+    return analyze(adapter.name, result.record, result.calls, adapter)
 
 
 def report_json(report: ConformanceReport) -> str:
