@@ -149,12 +149,38 @@ def cmd_harness_install(args) -> int:
 
 
 def cmd_harness_list(args) -> int:
-    """``clawgym harness list``: the registered harness names, one a line."""
+    """``clawgym harness list``: the registered harness names, one a line; a broken one (its module raises on
+    import, a misnamed entry point, two distributions declaring it) as ``NAME  BROKEN: <why>``. Exit 1 when one
+    is broken only with ``--check``."""
     from clawgym_env.plugins import harnesses
 
+    broken = 0
     for name in harnesses.names():
-        print(name)
-    return 0
+        problem = harnesses.problem(name)
+        broken += problem is not None
+        print(name if problem is None else f"{name}  BROKEN: {problem}")
+    return 1 if broken and getattr(args, "check", False) else 0
+
+
+def cmd_plugins_list(args) -> int:
+    """``clawgym plugins list [KIND ...]``: every registered plugin of each kind (all kinds by default) as
+    ``KIND NAME SOURCE`` (``runtime``, ``built-in`` or the declaring distribution), a broken one with
+    ``BROKEN: <why>``. Exit 1 when one is broken only with ``--check``."""
+    from clawgym_env.plugins import ALL
+
+    kinds = {r.kind: r for r in ALL}
+    wanted = args.kinds or list(kinds)
+    unknown = [k for k in wanted if k not in kinds]
+    if unknown:
+        raise ClawGymError(f"unknown plugin kind(s) {', '.join(unknown)}; the kinds are {', '.join(kinds)}")
+    broken = 0
+    for kind in wanted:
+        registry = kinds[kind]
+        for name in registry.names():
+            problem = registry.problem(name)
+            broken += problem is not None
+            print(f"{kind}\t{name}\t{registry.source(name)}" + ("" if problem is None else f"\tBROKEN: {problem}"))
+    return 1 if broken and args.check else 0
 
 
 def cmd_tree_show(args) -> int:

@@ -15,6 +15,7 @@ from clawgym_cli.commands import (
     cmd_harness_install,
     cmd_harness_list,
     cmd_leaderboard,
+    cmd_plugins_list,
     cmd_quickstart,
     cmd_run,
     cmd_serve_proxy,
@@ -82,7 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_serve_proxy)
 
     h = sub.add_parser("harness", help="harness adapters").add_subparsers(dest="harness_cmd", required=True)
-    h.add_parser("list", help="list the registered harnesses").set_defaults(func=cmd_harness_list)
+    hl = h.add_parser("list", help="list the registered harnesses; a broken one is marked BROKEN with why")
+    hl.add_argument("--check", action="store_true", help="exit 1 when a harness is broken")
+    hl.set_defaults(func=cmd_harness_list)
+    pl = sub.add_parser("plugins", help="registered plugins of every kind").add_subparsers(dest="plugins_cmd",
+                                                                                          required=True)
+    pls = pl.add_parser("list", help="KIND NAME SOURCE per plugin (a broken one marked BROKEN with why)")
+    pls.add_argument("kinds", nargs="*", help="plugin kinds (harness, suite, grader, ...; default: all)")
+    pls.add_argument("--check", action="store_true", help="exit 1 when a plugin is broken")
+    pls.set_defaults(func=cmd_plugins_list)
     hi = h.add_parser("install", help="install harnesses (pinned versions) into the project cache; idempotent")
     hi.add_argument("names", nargs="*", help="harness names (default: all)")
     hi.add_argument("--all", action="store_true")

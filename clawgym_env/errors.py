@@ -48,7 +48,10 @@ class ConfigError(ClawGymError, ValueError):
 
 
 class RegistrationError(ClawGymError):
-    """An unknown environment, harness, suite or policy name (lists close names)."""
+    """A name of a plugin kind that cannot be used: unknown (the message lists close and available names), or a
+    plugin that is broken: its module raised on import, its entry point is misnamed (no such module or
+    attribute), or two distributions declare it. A broken plugin's message names the kind, the name, the
+    entry point's target, its distribution (name and version) and the fix; the original exception is chained."""
 
 
 class WorkspaceError(ClawGymError):
