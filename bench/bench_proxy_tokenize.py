@@ -150,10 +150,10 @@ def replay(tok, path: str, repeats: int) -> list[tuple[int, int, list[float], li
     """(prompt tokens, reused, full ms, incremental ms) per call of a captured ``calls.jsonl``, each request
     replayed through its dialect's parser against the calls before it."""
     from clawgym_env.capture.records import read_calls
-    from clawgym_env.proxy.dialects.registry import BY_NAME
+    from clawgym_env.proxy.dialects.registry import spec
 
     calls = read_calls(path)
-    requests = [BY_NAME[c.dialect].load().parse_request(c.request) for c in calls]
+    requests = [spec(c.dialect).load().parse_request(c.request) for c in calls]
     rows = []
     for i, req in enumerate(requests):
         full_ms, inc_ms = [], []

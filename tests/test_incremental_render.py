@@ -19,7 +19,7 @@ from clawgym_env.envs.runtime import RolloutPool
 from clawgym_env.errors import HarnessError
 from clawgym_env.plugins import make_harness
 from clawgym_env.policy.chat_format import assistant_text, normalize_messages, parse_assistant
-from clawgym_env.proxy.dialects.registry import BY_NAME
+from clawgym_env.proxy.dialects.registry import spec
 from clawgym_env.proxy.incremental import PromptCache, PromptIds, template_is_local
 from clawgym_env.proxy.splice import splice_prompt
 
@@ -217,7 +217,7 @@ def test_incremental_equals_full_render_on_real_episodes(harness, tokenizer, exp
     cache = PromptCache()
     reused = 0
     for i, call in enumerate(calls):
-        req = BY_NAME[call.dialect].load().parse_request(call.request)
+        req = spec(call.dialect).load().parse_request(call.request)
         got = _check(tokenizer, cache, normalize_messages(req.messages), req.tools or None, req.enable_thinking,
                      calls[:i])
         assert got.ids == call.prompt_token_ids  # what the proxy computed live, incrementally

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from clawgym_env.proxy.dialects.registry import DIALECTS
+from clawgym_env.proxy.dialects.registry import spec
 from clawgym_env.proxy.guards.bounds import VALUE_BYTES, ProxyLimits
 from clawgym_env.proxy.recorded import ELIDED_KEY
 from clawgym_env.proxy.server import ProxyServer
@@ -124,7 +124,7 @@ def test_unknown_fields_are_never_recorded_whole(server, dialect):
     inner = kept["messages"][0] if "messages" in kept else kept["input"][0]
     assert "pad2" not in inner and inner["content"] == "hello"
     assert len(json.dumps(kept)) < DEFAULTS.max_unknown_bytes + 2000
-    module = next(d for d in DIALECTS if d.name == dialect).load()
+    module = spec(dialect).load()
     assert module.parse_request(kept).messages == module.parse_request(body).messages  # the record still parses
 
 

@@ -7,18 +7,17 @@ tests check the same errors over HTTP).
 from __future__ import annotations
 
 import random
-import typing
 
 import pytest
 
-from clawgym_env.capture.records import Dialect
-from clawgym_env.errors import ProxyError
+from clawgym_env.capture.records import CallRecord
+from clawgym_env.errors import ProxyError, RegistrationError
 from clawgym_env.policy.chat_format import IM_END, parse_assistant, segment
-from clawgym_env.proxy.app import DIALECT_ROUTES, SIDE_ROUTES
+from clawgym_env.proxy.app import dialect_routes
 from clawgym_env.proxy.deltas import iter_deltas
 from clawgym_env.proxy.dialects.anthropic import dialect as anthropic_messages
 from clawgym_env.proxy.dialects.openai_chat import dialect as openai_chat
-from clawgym_env.proxy.dialects.registry import DIALECTS, NAMES, DialectName, spec
+from clawgym_env.proxy.dialects.registry import registered, spec
 from clawgym_env.proxy.dialects.request_base import field_path
 from clawgym_env.proxy.dialects.responses import dialect as openai_responses
 
@@ -131,18 +130,26 @@ def test_field_path_drops_union_tags():
 
 # ----------------------------------------------------------------------------- the dialect list
 
-def test_one_dialect_list_feeds_names_routes_and_records():
-    assert NAMES == typing.get_args(DialectName) == typing.get_args(Dialect)
-    assert [path for path, _ in DIALECT_ROUTES] == [d.path for d in DIALECTS]
-    assert [(path, fn) for path, _, fn in SIDE_ROUTES] == [("/messages/count_tokens", "count_tokens")]
-    for d in DIALECTS:
-        module = d.load()
-        assert all(callable(getattr(module, f)) for f in ("parse_request", "render_response", "stream_response",
-                                                          "error_body"))
-        assert all(callable(getattr(module, r.function)) for r in d.side_routes)
+def test_the_registry_feeds_names_routes_and_records():
+    """The built-in dialects' routes come from each module's own DIALECT; records accept registered names only."""
+    dialects = registered()
+    assert [d.name for d in dialects[:3]] == ["openai_chat", "anthropic_messages", "openai_responses"]
+    routes = {(method, path): (d.name, fn, side) for method, path, d, fn, side in dialect_routes(dialects)}
+    assert routes[("POST", "/v1/chat/completions")] == ("openai_chat", "parse_request", False)
+    assert routes[("POST", "/v1/messages")] == ("anthropic_messages", "parse_request", False)
+    assert routes[("POST", "/v1/messages/count_tokens")] == ("anthropic_messages", "count_tokens", True)
+    assert routes[("POST", "/v1/responses")] == ("openai_responses", "parse_request", False)
+    for d in dialects:
+        assert all(callable(getattr(d.module, f)) for f in ("parse_request", "render_response", "stream_response",
+                                                            "error_body", "keepalive"))
     assert spec("openai_responses").history_key == "input"
-    with pytest.raises(KeyError, match="known: openai_chat"):
+    with pytest.raises(RegistrationError, match="available: .*openai-chat"):
         spec("grpc")
+    fields = dict(episode_id="e", call_index=0, path="/v1/x", stream=False, request={}, prompt_token_ids=[1],
+                  output_token_ids=[2], output_logprobs=[0.0], finish_reason="stop")
+    assert CallRecord(dialect="openai_chat", **fields).dialect == "openai_chat"
+    with pytest.raises(ValueError, match="unknown dialect 'grpc'.*available: anthropic-messages"):
+        CallRecord(dialect="grpc", **fields)
 
 
 # ----------------------------------------------------------------------------- one assistant-text parser

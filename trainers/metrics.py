@@ -1,7 +1,8 @@
-"""Training metrics: one JSON line per step, optional TensorBoard, PNG curves.
+"""Training metrics: one JSON line per step, the run's experiment trackers, PNG curves.
 
-:class:`MetricsLogger` appends ``{"step", "time", ...}`` rows to ``<out_dir>/metrics.jsonl`` (and to
-TensorBoard under ``<out_dir>/tb`` when ``tensorboard`` is installed and asked for).
+:class:`MetricsLogger` appends ``{"step", "time", ...}`` rows to ``<out_dir>/metrics.jsonl`` (:class:`JsonlLogger`)
+and gives every row to the trackers named in the run's ``log:`` section (:class:`~trainers.loggers.args.LogArgs`:
+TensorBoard, Weights & Biases, a plugin's; the seam is :class:`clawgym_env.loggers.Logger`).
 :func:`plot_curves` draws ``<out_dir>/curves.png``: rollout reward, pass rate per harness, KL between
 the rollout policy and the trained one, clip fraction and throughput.
 
@@ -10,19 +11,29 @@ with ``eval/``. :func:`rollout_metrics` computes the rollout ones from episode r
 
 Invariants: a logger opened with ``start_step = s`` keeps only the rows with ``step < s`` of an
 existing file (a resumed run rewrites what it redoes; a fresh run, ``s = 0``, starts empty); every
-value written is a JSON number, string or null (NaN/inf become null); reward means and pass rates
+value written is a JSON number, string or null (NaN/inf become null), and every tracker receives the same
+values; a tracker that raises is warned about and dropped, never stopping training; reward means and pass rates
 never include infrastructure failures, which are counted separately.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from clawgym_env.errors import ClawGymError
+from clawgym_env.jsontypes import JSONObject
+from clawgym_env.loggers import Logger, LoggerContext, open_logger
+from trainers.loggers.args import LogArgs
+
+_log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
@@ -50,44 +61,96 @@ def _step(row: MetricsRow) -> int:
     return step if isinstance(step, int) else 0
 
 
-class MetricsLogger:
-    """Append-only JSONL metrics (+ TensorBoard); see the module invariants."""
+class JsonlLogger:
+    """The ``jsonl`` tracker: ``<out_dir>/metrics.jsonl``, one ``{"step", "time", ...}`` row per logged step.
 
-    def __init__(self, out_dir: str | Path, *, tensorboard: bool = False, start_step: int = 0) -> None:
-        self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.out_dir / METRICS_FILE
-        kept = [r for r in read_metrics(self.path) if _step(r) < start_step] if start_step > 0 else []
+    Every run has it (:class:`MetricsLogger` writes the run's record through it; it is also registered as ``jsonl``
+    for a plugin that wants the file). Opened with ``start_step = s``, it keeps only the rows with ``step < s`` of an
+    existing file; the file is closed after every row, so a reader sees whole rows."""
+
+    def __init__(self, context: LoggerContext) -> None:
+        context.out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = context.out_dir / METRICS_FILE
+        start = context.start_step
+        kept = [r for r in read_metrics(self.path) if _step(r) < start] if start > 0 else []
         with self.path.open("w", encoding="utf-8") as fh:
             for r in kept:
                 fh.write(json.dumps(r) + "\n")
-        self._tb = None
-        self.tensorboard_error: str | None = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(self.out_dir / "tb"), purge_step=start_step or None)
-            except Exception as exc:  # noqa: BLE001 - TensorBoard is optional
-                self.tensorboard_error = f"TensorBoard disabled: {exc}"
-
-    def log(self, step: int, metrics: Mapping[str, Any]) -> MetricsRow:
-        """Append one row (``step``, ``time`` and ``metrics`` made JSON-safe) and return it."""
-        row: MetricsRow = {"step": int(step), "time": time.time(), **{k: _clean(v) for k, v in metrics.items()}}
+    def write(self, row: MetricsRow) -> None:
+        """Append one whole row."""
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
-        if self._tb is not None:
-            for k, v in row.items():
-                if k not in ("step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, step)
-            self._tb.flush()
+
+    def log_config(self, config: JSONObject) -> None:
+        """Nothing: the run's config is ``<out_dir>/config.json`` (written by ``clawgym train``)."""
+
+    def log_metrics(self, step: int, metrics: Mapping[str, MetricValue]) -> None:
+        """Append the row of ``step`` (``time`` is now)."""
+        self.write({"step": int(step), "time": time.time(), **{k: _clean(v) for k, v in metrics.items()}})
+
+    def close(self) -> None:
+        """Nothing to close: the file is closed after every row."""
+
+
+class MetricsLogger:
+    """A run's metrics: the ``metrics.jsonl`` record plus every tracker of ``log`` (see the module invariants).
+
+    Opened on the main rank only. The trackers are opened here, by name, from
+    :data:`clawgym_env.loggers.loggers`, and receive the config once and every row; a tracker whose factory raises
+    a :class:`~clawgym_env.errors.ClawGymError` (unknown name, missing package, bad option) stops the run here,
+    before training; one that raises anything else, then or later, is reported as a warning and dropped (its
+    name and error kept in :attr:`failures`): a tracker never stops training."""
+
+    def __init__(self, out_dir: str | Path, *, start_step: int = 0, log: LogArgs | None = None,
+                 config: JSONObject | None = None) -> None:
+        self.out_dir = Path(out_dir)
+        self.record = JsonlLogger(LoggerContext(self.out_dir, self.out_dir.resolve().name, start_step))
+        self.path = self.record.path
+        self.failures: dict[str, str] = {}
+        """tracker name → the error that dropped it"""
+        self.trackers: dict[str, Logger] = {}
+        """the open trackers by name (without the ``metrics.jsonl`` record)"""
+        log = log or LogArgs()
+        for name in log.trackers():
+            context = LoggerContext(self.out_dir, self.out_dir.resolve().name, start_step, log.options_for(name))
+            try:
+                self.trackers[name] = open_logger(name, context)
+            except ClawGymError:
+                self.close()
+                raise
+            except Exception as exc:  # noqa: BLE001 - a tracker never stops training
+                self._drop(name, "could not be opened", exc)
+        if config is not None:
+            for name, tracker in list(self.trackers.items()):
+                self._call(name, "log_config", functools.partial(tracker.log_config, config))
+
+    def _drop(self, name: str, what: str, exc: BaseException) -> None:
+        self.trackers.pop(name, None)
+        self.failures[name] = f"{type(exc).__name__}: {exc}"
+        _log.warning("logger %r %s (%s); training goes on without it", name, what, self.failures[name])
+
+    def _call(self, name: str, what: str, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - a tracker never stops training
+            self._drop(name, f"failed in {what}", exc)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> MetricsRow:
+        """Append one row (``step``, ``time`` and ``metrics`` made JSON-safe) to ``metrics.jsonl``, give the
+        metrics to every tracker, and return the row."""
+        clean = {k: _clean(v) for k, v in metrics.items() if k not in ("step", "time")}
+        row: MetricsRow = {"step": int(step), "time": time.time(), **clean}
+        self.record.write(row)
+        for name, tracker in list(self.trackers.items()):
+            self._call(name, "log_metrics", functools.partial(tracker.log_metrics, int(step), clean))
         return row
 
     def close(self) -> None:
-        """Flush and close TensorBoard (the JSONL file is closed after every row)."""
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        """Close every tracker (the JSONL file is closed after every row); a second call does nothing."""
+        for name, tracker in list(self.trackers.items()):
+            self._call(name, "close", tracker.close)
+        self.trackers.clear()
 
 
 def read_metrics(path: str | Path) -> list[MetricsRow]:

@@ -5,7 +5,8 @@ fields; a subclass may restate a shared field to change its default (its docstri
 Sections group what a first run never needs to set:
 
 * ``eval:`` (:class:`EvalArgs`) the in-loop held-out evaluation;
-* ``log:`` (:class:`LogArgs`) TensorBoard, curves, progress display;
+* ``log:`` (:class:`~trainers.loggers.args.LogArgs`) experiment trackers (TensorBoard, Weights & Biases, plugins),
+  curves, progress display;
 * ``scale:`` (:class:`ScaleArgs`) every scale-out knob: the Ray rollout fleet, FSDP ranks, vLLM serving and
   weight sync, rollouts ahead of training. The quickstart and the small configs never show it.
 
@@ -20,6 +21,7 @@ import dataclasses
 from typing import ClassVar
 
 from trainers.batch.clean import CleanConfig
+from trainers.loggers.args import LogArgs
 from trainers.policy import PolicyConfig
 from trainers.rollouts.ahead import AsyncConfig
 from trainers.rollouts.generation import GenerationConfig
@@ -41,18 +43,6 @@ class EvalArgs:
     """episodes per held-out task and harness"""
     harness: str | None = None
     """harness of the in-loop evaluation; ``None``: every harness of ``harnesses`` (metrics per harness)"""
-
-
-@dataclasses.dataclass
-class LogArgs:
-    """What a run shows and draws besides ``metrics.jsonl`` (``log.*``)."""
-
-    tensorboard: bool = False
-    """also write TensorBoard event files into ``out_dir``"""
-    plot: bool = True
-    """draw ``curves.png`` from the metrics at the end"""
-    progress: bool = True
-    """show the run's progress: a bar (GRPO, SFT) or one line per step (PPO)"""
 
 
 @dataclasses.dataclass
@@ -119,7 +109,8 @@ class RunArgs:
     chunk_size: int = 1024
     """LM-head rows computed at once when scoring (memory vs speed with the 151k vocabulary)"""
     log: LogArgs = dataclasses.field(default_factory=LogArgs)
-    """TensorBoard, curves and progress display (see the ``log.*`` fields)"""
+    """experiment trackers (TensorBoard, Weights & Biases, plugins), curves and progress display (see the ``log.*``
+    fields)"""
 
 
 @dataclasses.dataclass

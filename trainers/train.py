@@ -5,7 +5,8 @@ the module ``trainers.<algo>``, which exports an ``Args`` dataclass and ``train(
 :class:`~trainers.summary.TrainSummary` (``grpo``, ``ppo``, ``sft``; a new algorithm needs only its
 module). Every other key is a field of ``Args``; nested dataclasses (``policy:``) are nested
 mappings. ``--set key=value`` overrides a key after the file is read (dotted for nested keys, the
-value parsed as YAML: ``--set policy.lora_rank=8``).
+value parsed as YAML: ``--set policy.lora_rank=8``). ``--log-backend NAME`` (repeatable) adds an experiment
+tracker to ``log.backends`` (``tensorboard``, ``wandb`` or a plugin's: :mod:`trainers.loggers`).
 
 Invariants: an unknown key, or a value of the wrong type, is an error naming the key (and close
 matches) before anything runs (pydantic validates the ``Args`` dataclass, see
@@ -76,6 +77,20 @@ def apply_overrides(data: JSONObject, overrides: list[str]) -> JSONObject:
     return data
 
 
+def add_log_backends(data: JSONObject, names: list[str]) -> JSONObject:
+    """``--log-backend NAME``: each name appended to the config's ``log.backends`` (a name already there once)."""
+    if not names:
+        return data
+    log = data.setdefault("log", {})
+    if not isinstance(log, dict):
+        raise ConfigError(f"log: must be a mapping of log.* fields to add --log-backend, got {log!r}")
+    current = log.get("backends") or []
+    if not isinstance(current, list):
+        raise ConfigError(f"log.backends: must be a list of logger names (e.g. [tensorboard, wandb]), got {current!r}")
+    log["backends"] = [*current, *(n for n in dict.fromkeys(names) if n not in current)]
+    return data
+
+
 def algorithm(name: str):
     """The algorithm module registered as ``name`` (entry points ``clawgym.algorithms``: a module that
     exports an ``Args`` dataclass and ``train``)."""
@@ -127,11 +142,13 @@ def format_summary(summary: TrainSummary, wall_s: float) -> str:
 
 
 def run(config: str | Path | JSONObject, overrides: list[str] | None = None, *, resume: bool | None = None,
-        echo=print) -> TrainSummary:
+        log_backends: list[str] | None = None, echo=print) -> TrainSummary:
     """Load, check and run a config; prints and returns the summary. ``resume=False`` starts fresh
-    even when ``out_dir`` holds a checkpoint (for algorithms that resume)."""
+    even when ``out_dir`` holds a checkpoint (for algorithms that resume); ``log_backends`` are added to
+    ``log.backends``."""
     data = load_config(config) if not isinstance(config, dict) else dict(config)
     data = apply_overrides(data, list(overrides or []))
+    data = add_log_backends(data, list(log_backends or []))
     algo = str(data.get("algo", "grpo"))
     module, args = args_from_config(data)
     if resume is not None and hasattr(args, "resume"):
@@ -165,6 +182,7 @@ def relaunch(args: argparse.Namespace) -> int:
     argv = ["--config", str(args.config), *[x for item in args.overrides for x in ("--set", item)]]
     if args.no_resume:
         argv.append("--no-resume")
+    argv += [x for name in args.log_backends for x in ("--log-backend", name)]
     root = str(Path(__file__).resolve().parent.parent)  # the project, importable by the ranks
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
     return subprocess.run(launch_command(args.nproc_per_node, argv), env=env).returncode
@@ -178,6 +196,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (dotted for nested keys), e.g. --set steps=3")
     p.add_argument("--no-resume", action="store_true", help="start fresh even if out_dir has a checkpoint")
+    p.add_argument("--log-backend", dest="log_backends", action="append", default=[], metavar="NAME",
+                   help="also send the metrics to this experiment tracker (repeatable): tensorboard, wandb, or a "
+                        "plugin's (added to log.backends; options under log.wandb / log.options.NAME)")
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                    help="train data-parallel on N ranks of this node (FSDP2; re-runs under torch.distributed.run, "
                         "as `torchrun --nproc-per-node N -m trainers.train ...` does); rank 0 runs the rollouts")
@@ -200,7 +221,8 @@ def main_args(args: argparse.Namespace) -> int:
     from trainers.scale.fsdp import destroy_distributed
 
     try:
-        run(args.config, list(args.overrides), resume=False if args.no_resume else None)
+        run(args.config, list(args.overrides), resume=False if args.no_resume else None,
+            log_backends=list(args.log_backends))
     finally:
         destroy_distributed()
     return 0

@@ -24,16 +24,18 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
+from clawgym_env.capture.dialect_names import check_dialect
 from clawgym_env.jsontypes import JSONObject
 from clawgym_env.redact import redact, redact_obj
 
 SCHEMA_VERSION = 1
 
-Dialect = Literal["openai_chat", "anthropic_messages", "openai_responses"]
+Dialect = Annotated[str, AfterValidator(check_dialect)]
+"""A registered dialect's name (:mod:`clawgym_env.capture.dialect_names`); validated where a record is built."""
 EpisodeStatus = Literal["ok", "harness_error", "timeout", "no_final_answer", "reward_error", "reward_invalid",
                         "infra_error"]
 NOT_TASK_OUTCOMES = frozenset({"infra_error", "reward_invalid"})

@@ -1,8 +1,9 @@
 """The proxy's ASGI app: routes, per-request guards and the dialect-neutral handler.
 
-Routes: ``POST /ep/{token}/v1/chat/completions`` (OpenAI chat), ``/v1/messages`` (Anthropic Messages;
-``/v1/messages/count_tokens`` is a side route, see :data:`SIDE_ROUTES`), ``/v1/responses`` (OpenAI
-Responses), ``GET /ep/{token}/v1/models`` (and ``/models/{id}``), ``GET /healthz``. The invariants
+Routes: every registered dialect's own (:mod:`clawgym_env.proxy.dialects.contract`; the built-ins: ``POST
+/ep/{token}/v1/chat/completions`` (OpenAI chat), ``/v1/messages`` (Anthropic Messages, and the side route
+``/v1/messages/count_tokens``), ``/v1/responses`` (OpenAI Responses)), mounted when the app is built; ``GET
+/ep/{token}/v1/models`` (and ``/models/{id}``), ``GET /healthz``. The invariants
 are :mod:`clawgym_env.proxy.server`'s (error shapes, episode-bound sockets, failures, bounds) and
 :mod:`clawgym_env.proxy.guards.bounds`'s (what one episode and all of them may hold). Every HTTP request holds a
 :class:`~clawgym_env.proxy.guards.bounds.Ticket` from its first byte until its answer has been sent; a body larger
@@ -28,7 +29,7 @@ from starlette.routing import Route
 from clawgym_env.errors import PolicyError, ProxyError
 from clawgym_env.policy.base import PolicyBackend
 from clawgym_env.proxy.dialects.openai_chat import dialect as openai_chat
-from clawgym_env.proxy.dialects.registry import DIALECTS, DialectModule, DialectName, DialectSpec
+from clawgym_env.proxy.dialects.registry import BoundDialect, DialectModule, registered
 from clawgym_env.proxy.guards.bounds import VALUE_BYTES, Budget, ProxyLimits, Ticket
 from clawgym_env.proxy.guards.limits import ClientGone, check_prompt_size, json_values_bound, parse_json, read_body
 from clawgym_env.proxy.listeners import CONNECTION_VERDICT_KEY, EPISODE_STATE_KEY
@@ -92,12 +93,13 @@ class ProxyHost(Protocol):
 
 log = logging.getLogger("clawgym.proxy")
 
-#: (path under ``/ep/{token}/v1``, dialect), from :data:`~clawgym_env.proxy.dialects.registry.DIALECTS`
-#: (add a dialect there).
-DIALECT_ROUTES: list[tuple[str, DialectSpec]] = [(d.path, d) for d in DIALECTS]
-#: (path under ``/ep/{token}/v1``, dialect, function name): side calls answered from the body
-#: and the tokenizer alone, ``fn(body, tokenizer) -> dict``; no policy call and no record.
-SIDE_ROUTES: list[tuple[str, DialectSpec, str]] = [(r.path, d, r.function) for d in DIALECTS for r in d.side_routes]
+
+def dialect_routes(dialects: tuple[BoundDialect, ...]) -> list[tuple[str, str, BoundDialect, str, bool]]:
+    """(method, path under ``/ep/{token}``, dialect, function name, is a side call) of every route the dialects
+    declare: a turn's function parses the body, a side call's answers it from the body and the tokenizer alone
+    (``fn(body, tokenizer) -> dict``; no policy call and no record)."""
+    return [(r.method, r.path, d, r.side if r.side is not None else r.parse, r.side is not None)
+            for d in dialects for r in d.spec.routes]
 
 
 def _error(dialect: DialectModule, status: int, message: str, field: str | None = None,
@@ -146,9 +148,10 @@ class ProxyApp:
         routes = [Route("/healthz", self.healthz, methods=["GET"]),
                   Route("/ep/{token}/v1/models", self.models, methods=["GET"]),
                   Route("/ep/{token}/v1/models/{model:path}", self.model, methods=["GET"])]
-        routes += [Route("/ep/{token}/v1" + path, self._endpoint(d), methods=["POST"]) for path, d in DIALECT_ROUTES]
-        routes += [Route("/ep/{token}/v1" + path, self._side_endpoint(d.load(), fn), methods=["POST"])
-                   for path, d, fn in SIDE_ROUTES]
+        self.dialects = registered()
+        """The dialects served, resolved from the registry when the app is built (their routes mounted)."""
+        routes += [Route("/ep/{token}" + path, self._side_endpoint(d.module, fn) if side else self._endpoint(d, fn),
+                         methods=[method]) for method, path, d, fn, side in dialect_routes(self.dialects)]
         self.routes = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error,
                                                                    Exception: self._crash})
 
@@ -254,11 +257,11 @@ class ProxyApp:
         result = await asyncio.get_running_loop().run_in_executor(executor, fn, body, self.server.policy.tokenizer)
         return JSONResponse(result)
 
-    def _endpoint(self, spec: DialectSpec) -> Callable:
-        dialect = spec.load()
+    def _endpoint(self, bound: BoundDialect, parse_name: str) -> Callable:
+        dialect, name, parse = bound.module, bound.name, getattr(bound.module, parse_name)
 
         async def endpoint(request: Request) -> Response:
-            return await self._guard(dialect, self._turn, request, dialect, spec.name)
+            return await self._guard(dialect, self._turn, request, dialect, name, parse)
         return endpoint
 
     async def _guard(self, dialect: DialectModule, fn: Callable, request: Request, *args: Any) -> Response:
@@ -282,12 +285,13 @@ class ProxyApp:
         if session is not None:
             session.fail(status, code, message)
 
-    async def _turn(self, request: Request, dialect: DialectModule, name: DialectName) -> Response:
+    async def _turn(self, request: Request, dialect: DialectModule, name: str,
+                    parse: Callable[[Any], TurnRequest]) -> Response:
         started = time.time()
         session = self._session(request)
         self._check_records(session)
         raw = await self._read_raw(request)
-        treq, body = await self._off_loop(len(raw), self._parse_turn, raw, dialect)
+        treq, body = await self._off_loop(len(raw), self._parse_turn, raw, parse)
         del raw
         meta = TurnMeta(dialect=name, path=request.url.path, body=body,
                         headers=redact_headers(request.headers), started_at=started)
@@ -371,10 +375,11 @@ class ProxyApp:
         check_prompt_size(body, None, limits.max_prompt_chars, limits.max_context)
         return body
 
-    def _parse_turn(self, raw: bytearray, dialect: DialectModule) -> tuple[TurnRequest, Any]:
-        """Parse and validate a turn's body; (the request, the body as its record keeps it)."""
+    def _parse_turn(self, raw: bytearray, parse: Callable[[Any], TurnRequest]) -> tuple[TurnRequest, Any]:
+        """Parse and validate a turn's body with its route's parser; (the request, the body as its record keeps
+        it)."""
         body = parse_json(raw, self.server.max_json_depth)
-        treq = dialect.parse_request(body)
+        treq = parse(body)
         return treq, recorded_body(body, treq.source, self.server.bounds.max_unknown_bytes)
 
     @staticmethod

@@ -1,11 +1,11 @@
 """The serving proxy: a starlette app, run by uvicorn in a background thread (or the foreground).
 
-Routes: ``POST /ep/{token}/v1/chat/completions`` (OpenAI chat dialect), ``/v1/messages`` (Anthropic
-Messages; ``/v1/messages/count_tokens`` is a side route, see :data:`SIDE_ROUTES`), ``/v1/responses``
+Routes: every registered dialect's own, e.g. ``POST /ep/{token}/v1/chat/completions`` (OpenAI chat dialect),
+``/v1/messages`` (Anthropic Messages; ``/v1/messages/count_tokens`` is a side route), ``/v1/responses``
 (OpenAI Responses), ``GET /ep/{token}/v1/models``
-(and ``/models/{id}``), ``GET /healthz``. A dialect is a module (see ``openai_chat.py``) and one
-entry of :data:`~clawgym_env.proxy.app.DIALECT_ROUTES`; the app (``app.py``) reads the body, looks up
-the episode, lets the dialect parse, runs the dialect-neutral pipeline
+(and ``/models/{id}``), ``GET /healthz``. A dialect is a registered module that declares its routes
+(:mod:`~clawgym_env.proxy.dialects.contract`), mounted when the server starts; the app (``app.py``) reads the
+body, looks up the episode, lets the dialect parse, runs the dialect-neutral pipeline
 (:func:`~clawgym_env.proxy.turn.run_turn`) in a worker thread (a live stream: its short halves on the
 loop, see :mod:`~clawgym_env.proxy.turn`), and lets the dialect render or stream the result.
 
@@ -64,7 +64,7 @@ import uvicorn
 from clawgym_env.capture.records import CallRecord
 from clawgym_env.errors import ProxyError
 from clawgym_env.policy.base import PolicyBackend, SamplingOverrides
-from clawgym_env.proxy.app import DIALECT_ROUTES, SIDE_ROUTES, ProxyApp  # noqa: F401 - re-exported
+from clawgym_env.proxy.app import ProxyApp
 from clawgym_env.proxy.guards.bounds import Budget, ProxyLimits
 from clawgym_env.proxy.guards.limits import DEFAULT_MAX_JSON_DEPTH
 from clawgym_env.proxy.listeners import (

@@ -210,7 +210,8 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
     start, version = resume(args, policy, optimizer, out, say, reference_taken=True)
     tasks = list(load_suite(args.suite).tasks) if main else []
     eval_tasks = list(load_suite(args.eval.suite).tasks) if args.eval.suite and main else []
-    metrics = MetricsLogger(out, tensorboard=args.log.tensorboard, start_step=start) if main else None
+    metrics = (MetricsLogger(out, start_step=start, log=args.log, config=dataclasses.asdict(args)) if main
+               else None)
     sampling = args.sampling()
     bar = None
     if args.log.progress and start <= args.steps and main:

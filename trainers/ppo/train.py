@@ -187,7 +187,8 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
         say(f"resumed from {loaded['path']} (step {loaded['step']}, version {version})")
     tasks = list(load_suite(args.suite).tasks) if main else []
     eval_tasks = list(load_suite(args.eval.suite).tasks) if args.eval.suite and main else []
-    metrics = MetricsLogger(out, tensorboard=args.log.tensorboard, start_step=start) if main else None
+    metrics = (MetricsLogger(out, start_step=start, log=args.log, config=dataclasses.asdict(args)) if main
+               else None)
     sampling = args.sampling()
     last: MetricsRow = {}
     judge = judge_for(tasks + eval_tasks)

@@ -206,7 +206,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, episodes: list[E
                                                            device=local_device(args.policy.device, info)))
     shard_policy(policy, args.dist)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
-    metrics = MetricsLogger(out, tensorboard=args.log.tensorboard) if info.is_main else None
+    metrics = MetricsLogger(out, log=args.log, config=dataclasses.asdict(args)) if info.is_main else None
     bar = None
     if args.log.progress and info.is_main:
         from tqdm.auto import tqdm

@@ -1,104 +1,86 @@
-"""The wire dialects the proxy speaks: one table of their routes and history fields.
+"""The registered dialects, resolved: each one's name, its declared routes and its module.
 
 Invariants:
-  * :data:`DIALECTS` is the only table of dialect routes: the proxy's routes (``app.py``) and the
-    conformance check's history field (:attr:`DialectSpec.history_key`) derive from it; each dialect's
-    module is the one registered under its name in :data:`clawgym_env.plugins.dialects`.
-  * Its names are exactly those of :data:`DialectName`, the type of ``CallRecord.dialect``, which lives with
-    the records (the capture package sits below the proxy and may not import it); a dialect added to one
-    and not the other fails this module's import.
-  * This module imports no dialect module (:meth:`DialectSpec.load` imports on first use).
-  * A dialect module provides what :class:`DialectModule` lists; its routes are ``/ep/{token}/v1`` + ``path``
-    (and + each side route's path).
+  * The routes the proxy serves, and the conformance check's history field, come from here, and here only from
+    each registered module's own ``DIALECT`` (:mod:`~clawgym_env.proxy.dialects.contract`): there is no table of
+    dialects besides the registry (:data:`clawgym_env.plugins.dialects`).
+  * :func:`spec` imports the one module it names; :func:`registered` imports every registered one (the proxy
+    calls it once, when it starts). A module that does not keep the contract (no ``DIALECT``, a route naming a
+    function it lacks, a missing required function) and two dialects claiming one route are each a
+    :class:`~clawgym_env.errors.RegistrationError` naming the dialect, its module and the fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol, cast, get_args
+from typing import cast
 
 from clawgym_env.capture.records import Dialect
-from clawgym_env.jsontypes import JSONObject
+from clawgym_env.errors import RegistrationError
 from clawgym_env.proxy.dialects import dialects as dialect_registry
+from clawgym_env.proxy.dialects.contract import DialectModule, DialectSpec, Route
 
-if TYPE_CHECKING:
-    from clawgym_env.proxy.sessions import TurnRequest, TurnResult
-    from clawgym_env.proxy.stream.keepalive import KeepAliveStream
+__all__ = ["BoundDialect", "DialectModule", "DialectName", "DialectSpec", "Route", "registered", "spec"]
 
 DialectName = Dialect
 """The name of a dialect, as calls are recorded (``CallRecord.dialect``)."""
 
-
-class DialectModule(Protocol):
-    """What a dialect module provides (see ``openai_chat`` for the reference). Optionally also
-    ``live(req, body, model, start) -> LiveStream``: then a streaming policy's text is sent as it arrives
-    (see :mod:`clawgym_env.proxy.stream.live`); without it such requests are answered whole, as for any policy."""
-
-    def parse_request(self, body: Any) -> TurnRequest:
-        """Validate a request body and map it; a malformed one raises a 400 naming the field."""
-        ...
-
-    def render_response(self, res: TurnResult, model: str) -> JSONObject:
-        """The non-streamed answer for a finished turn."""
-        ...
-
-    def stream_response(self, res: TurnResult, model: str) -> Iterator[str]:
-        """The streamed answer (server-sent events) for a finished turn."""
-        ...
-
-    def error_body(self, status: int, message: str, field: str | None = None,
-                   code: str | None = None) -> JSONObject:
-        """The dialect's own error envelope."""
-        ...
-
-    def keepalive(self, req: TurnRequest, body: Any, model: str) -> KeepAliveStream:
-        """The keep-alive stream of one streaming request (see :mod:`clawgym_env.proxy.stream.keepalive`)."""
-        ...
+REQUIRED = ("parse_request", "render_response", "stream_response", "error_body", "keepalive")
+"""The functions every dialect module provides (:class:`~clawgym_env.proxy.dialects.contract.DialectModule`)."""
 
 
 @dataclasses.dataclass(frozen=True)
-class SideRoute:
-    """A side call answered from the body and the tokenizer alone: ``module.<function>(body, tokenizer) -> dict``;
-    no policy call and no record."""
+class BoundDialect:
+    """One registered dialect: its name (as recorded), what its module declares, and the module."""
 
-    path: str
-    function: str
+    name: str
+    spec: DialectSpec
+    module: DialectModule
 
-
-@dataclasses.dataclass(frozen=True)
-class DialectSpec:
-    """One dialect: its recorded name, route and history field (its module: the dialect registry)."""
-
-    name: DialectName
-    path: str
-    """Its route under ``/ep/{token}/v1``."""
-    history_key: str
-    """The request field that carries the conversation (a harness re-sends it on every call)."""
-    side_routes: tuple[SideRoute, ...] = ()
+    @property
+    def history_key(self) -> str:
+        """The request field that carries the conversation."""
+        return self.spec.history_key
 
     def load(self) -> DialectModule:
-        """The dialect's module, registered under its name in :data:`clawgym_env.plugins.dialects`
-        (imported on first use)."""
-        return cast(DialectModule, dialect_registry.load(self.name))
+        """The dialect's module."""
+        return self.module
 
 
-DIALECTS: tuple[DialectSpec, ...] = (
-    DialectSpec("openai_chat", "/chat/completions", "messages"),
-    DialectSpec("anthropic_messages", "/messages", "messages", (SideRoute("/messages/count_tokens", "count_tokens"),)),
-    DialectSpec("openai_responses", "/responses", "input"),
-)
-NAMES: tuple[DialectName, ...] = tuple(d.name for d in DIALECTS)
-BY_NAME: dict[str, DialectSpec] = {d.name: d for d in DIALECTS}
+def _bind(name: str) -> BoundDialect:
+    module = dialect_registry.load(name)
+    where = f"dialect {name!r} (module {module.__name__})"
+    declared = getattr(module, "DIALECT", None)
+    if not isinstance(declared, DialectSpec):
+        raise RegistrationError(f"{where} declares no DIALECT = DialectSpec(routes=..., history_key=...) "
+                                "(clawgym_env.proxy.dialects.contract); add one naming its routes")
+    wanted = list(REQUIRED) + [r.side if r.side is not None else r.parse for r in declared.routes]
+    missing = [f for f in dict.fromkeys(wanted) if not callable(getattr(module, f, None))]
+    if missing:
+        raise RegistrationError(f"{where} lacks the function(s) {', '.join(missing)} that the dialect contract "
+                                "or its routes name; define them in the module")
+    return BoundDialect(name, declared, cast(DialectModule, module))
 
-if NAMES != get_args(DialectName) or not all(n in dialect_registry for n in NAMES):  # pragma: no cover
-    raise ImportError(f"DialectName {get_args(DialectName)}, DIALECTS {NAMES} and the dialect registry "
-                      f"{dialect_registry.names()} disagree")
+
+def spec(name: str) -> BoundDialect:
+    """The dialect registered as ``name`` (its module imported); a :class:`RegistrationError` naming the
+    registered ones otherwise."""
+    return _bind(name)
 
 
-def spec(name: str) -> DialectSpec:
-    """The dialect called ``name``; ``KeyError`` naming the known ones otherwise."""
-    try:
-        return BY_NAME[name]
-    except KeyError:
-        raise KeyError(f"unknown dialect {name!r} (known: {', '.join(NAMES)})") from None
+def registered() -> tuple[BoundDialect, ...]:
+    """Every registered dialect (built-ins first, in registration order, then the rest by name); a
+    :class:`RegistrationError` when two claim one method and path."""
+    names = list(dict.fromkeys(["openai_chat", "anthropic_messages", "openai_responses"]
+                               + [n.replace("-", "_") for n in dialect_registry.names()]))
+    bound = [_bind(n) for n in names if n in dialect_registry]
+    seen: dict[tuple[str, str], str] = {}
+    for d in bound:
+        for route in d.spec.routes:
+            key = (route.method, route.path)
+            if key in seen and seen[key] != d.name:
+                raise RegistrationError(f"dialects {seen[key]!r} and {d.name!r} both claim {route.method} "
+                                        f"{route.path}; unregister one or change its route")
+            seen[key] = d.name
+    return tuple(bound)
+

@@ -73,14 +73,21 @@ from clawgym_env.proxy.dialects.anthropic.stream import (
     stream_response,
 )
 from clawgym_env.proxy.dialects.common import JOIN
+from clawgym_env.proxy.dialects.contract import DialectSpec, Route
 from clawgym_env.proxy.dialects.request_base import bad, validate_body
 from clawgym_env.proxy.sessions import TurnRequest
 
-__all__ = ["MessagesKeepAlive", "MessagesLive", "count_tokens", "error_body", "keepalive", "live", "parse_request",
-           "render_response", "signature", "stream_response"]
+__all__ = ["DIALECT", "MessagesKeepAlive", "MessagesLive", "count_tokens", "error_body", "keepalive", "live",
+           "parse_request", "render_response", "signature", "stream_response"]
 
 _PLACEHOLDERS = {"image": "[image]", "document": "[document]"}
 
+
+
+DIALECT = DialectSpec(routes=(Route("/v1/messages"), Route("/v1/messages/count_tokens", side="count_tokens")),
+                      history_key="messages")
+"""``POST /ep/{token}/v1/messages`` (and the side call ``/v1/messages/count_tokens``); the conversation is
+``messages``."""
 
 
 def _placeholder(block: PlaceholderBlock) -> str:

@@ -2,8 +2,8 @@
 
 A dialect module provides ``parse_request(body) -> TurnRequest``, ``render_response(result, model) -> dict``,
 ``stream_response(result, model) -> Iterator[str]`` and ``error_body(status, message, field, code) -> dict``
-(:class:`~clawgym_env.proxy.dialects.registry.DialectModule`); its name and routes are listed in
-:data:`~clawgym_env.proxy.dialects.registry.DIALECTS`.
+(:class:`~clawgym_env.proxy.dialects.contract.DialectModule`) and declares its routes in ``DIALECT``
+(:mod:`~clawgym_env.proxy.dialects.contract`).
 
 Invariants:
   * ``parse_request`` validates the body with :class:`~clawgym_env.proxy.dialects.openai_chat.request.ChatRequest` and
@@ -33,6 +33,7 @@ from typing import Any
 
 from clawgym_env.jsontypes import JSONObject
 from clawgym_env.proxy.deltas import Delta, iter_deltas
+from clawgym_env.proxy.dialects.contract import DialectSpec, Route
 from clawgym_env.proxy.dialects.openai_chat.request import (
     ChatAssistantMessage,
     ChatMessage,
@@ -43,6 +44,9 @@ from clawgym_env.proxy.dialects.openai_chat.request import (
 from clawgym_env.proxy.dialects.request_base import validate_body
 from clawgym_env.proxy.sessions import TurnRequest, TurnResult
 from clawgym_env.proxy.stream.live import Kind, LiveStart, rest
+
+DIALECT = DialectSpec(routes=(Route("/v1/chat/completions"),), history_key="messages")
+"""``POST /ep/{token}/v1/chat/completions``; the conversation is ``messages``."""
 
 
 def _content(content: Any) -> Any:

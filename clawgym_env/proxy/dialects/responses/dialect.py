@@ -43,6 +43,7 @@ from typing import Any
 
 from clawgym_env.jsontypes import JSONObject
 from clawgym_env.proxy.dialects.common import JOIN
+from clawgym_env.proxy.dialects.contract import DialectSpec, Route
 from clawgym_env.proxy.dialects.request_base import bad, validate_body
 from clawgym_env.proxy.dialects.responses.render import ENCRYPTED_PREFIX, error_body, render_response
 from clawgym_env.proxy.dialects.responses.request import (
@@ -65,10 +66,14 @@ from clawgym_env.proxy.dialects.responses.stream import (
 )
 from clawgym_env.proxy.sessions import TurnRequest
 
-__all__ = ["ResponsesKeepAlive", "ResponsesLive", "error_body", "keepalive", "live", "parse_request",
+__all__ = ["DIALECT", "ResponsesKeepAlive", "ResponsesLive", "error_body", "keepalive", "live", "parse_request",
            "render_response", "stream_response"]
 
 _PLACEHOLDERS = {"input_image": "[image]", "input_file": "[file]", "input_audio": "[audio]"}
+
+
+DIALECT = DialectSpec(routes=(Route("/v1/responses"),), history_key="input")
+"""``POST /ep/{token}/v1/responses``; the conversation is ``input``."""
 
 
 def _parts_text(value: ResponsesContent) -> str:
