@@ -1,4 +1,4 @@
-"""One registry for every kind of plugin: harnesses, suites, graders, sandboxes, policies, algorithms.
+"""One registry for every kind of plugin: harnesses, suites, graders, sandboxes, policies, algorithms, loggers.
 
 The engine never imports its plugins. It finds them by name, lazily, through one small
 :class:`Registry` per kind:
@@ -17,8 +17,9 @@ The engine never imports its plugins. It finds them by name, lazily, through one
 A :class:`~clawgym_env.registry.Registry` is generic over the kind it builds (``Registry[Sandbox]``:
 ``load() -> Callable[..., Sandbox]``, ``create() -> Sandbox``); a
 :class:`~clawgym_env.registry.ModuleRegistry` names modules. The registries of graders, sandboxes, policies
-and dialects live with their kind (the engine's packages look them up without importing this module) and
-are re-exported here; harnesses, suites and algorithms are declared here.
+and dialects live with their kind (the engine's packages look them up without importing this module), the
+loggers' with their seam (:mod:`clawgym_env.loggers`), and are re-exported here; harnesses, suites and
+algorithms are declared here.
 
 A target is ``"module:attr"`` or, by convention, a bare ``"module"`` that defines exactly one
 implementation of the registry's base type (e.g. one :class:`~clawgym_env.harness.HarnessAdapter`
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clawgym_env.grading.grade import graders
+from clawgym_env.loggers import loggers
 from clawgym_env.policy import policies
 from clawgym_env.proxy.dialects import dialects
 from clawgym_env.registration import sync as _sync_env_ids
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
     from clawgym_env.task import Suite
 
 __all__ = ["ALL", "ModuleRegistry", "Registry", "RegistryBase", "algorithms", "dialects", "graders", "harnesses",
-           "load_suite", "make_harness", "policies", "sandboxes", "suites"]
+           "load_suite", "loggers", "make_harness", "policies", "sandboxes", "suites"]
 
 def _harness_base() -> type:
     from clawgym_env.harness import HarnessAdapter
@@ -65,7 +67,7 @@ suites: Registry[Suite] = Registry("suite", "clawgym.suites")
 algorithms = ModuleRegistry("algorithm", "clawgym.algorithms")
 """Training algorithms (entry points ``clawgym.algorithms``: a module exporting ``Args`` and ``train``)."""
 
-ALL: tuple[RegistryBase, ...] = (harnesses, suites, graders, sandboxes, policies, algorithms, dialects)
+ALL: tuple[RegistryBase, ...] = (harnesses, suites, graders, sandboxes, policies, algorithms, dialects, loggers)
 
 
 def load_suite(spec: str | Path, data: str | Path | None = None, **options: object) -> Suite:
