@@ -57,7 +57,7 @@ def cmd_run(args) -> int:
     """``clawgym run``: episodes of ``--task`` or ``--suite`` through one harness and policy, records under
     ``--out``; one JSON line per episode with ``--json``, else a table and the mean reward of scored ones."""
     from clawgym_env.envs.runtime import RolloutPool, Runtime
-    from clawgym_env.plugins import make_harness
+    from harness_adapters.options import harness_from_args
     from leaderboards.run import check_sandbox_pool
     from tasks import load_suite, resolve_task
 
@@ -71,7 +71,7 @@ def cmd_run(args) -> int:
             print(f"warning: skipped {issue.path}: {issue.error}", file=sys.stderr)
         tasks = suite.tasks[: args.limit] if args.limit else suite.tasks
     check_sandbox_pool(args.sandbox, args.sandbox_pool)
-    adapter = make_harness(args.harness)
+    adapter = harness_from_args(args.harness, args)
     with Runtime(args.policy, sandbox=args.sandbox, out_dir=args.out, sandbox_pool=args.sandbox_pool) as rt:
         pool = RolloutPool(rt, concurrency=args.concurrency, progress=not args.json and len(tasks) * args.samples > 1)
         results = pool.run(tasks, adapter, samples=args.samples, sampling=_sampling(args),
@@ -198,15 +198,18 @@ def cmd_tree_show(args) -> int:
 def cmd_harness_check(args) -> int:
     """``clawgym harness check``: the conformance check of one harness (a report; JSON with ``--json``)."""
     from harness_adapters.check import check_harness, report_json
+    from harness_adapters.options import parse_harness_opts
     from tasks import resolve_task
 
-    report = check_harness(args.name, task=resolve_task(args.task), policy=args.policy, sandbox=args.sandbox)
+    report = check_harness(args.name, task=resolve_task(args.task), policy=args.policy, sandbox=args.sandbox,
+                           options=parse_harness_opts(args.harness_opts), cache_dir=args.harness_cache_dir)
     print(report_json(report) if args.json else report.render())
     return 0
 
 
 def cmd_eval(args) -> int:
     """``clawgym eval``: a resumable evaluation run into ``--out``, then its Pass@1 summary."""
+    from harness_adapters.options import parse_harness_opts
     from leaderboards.metrics import summarize
     from leaderboards.run import run_eval
     from leaderboards.schema import read_results
@@ -216,7 +219,8 @@ def cmd_eval(args) -> int:
                  retries=args.retries, episodes_dir=args.episodes_dir, rerun_infra=args.rerun_infra,
                  sampling=_sampling(args), keep_workspace=args.keep_workspace, progress=not args.no_progress,
                  ray_address=args.ray_address, max_episodes_per_node=args.max_episodes_per_node,
-                 sandbox_pool=args.sandbox_pool)
+                 sandbox_pool=args.sandbox_pool, harness_options=parse_harness_opts(args.harness_opts),
+                 harness_cache_dir=args.harness_cache_dir)
     print(f"{s.out}: {s.ran} episode(s) written, {s.skipped} already done of {s.total}; infra failures "
           f"{s.infra_failures} (after {s.retried} retries)"
           + ("; repaired a torn last line" if s.repaired_tail else ""))

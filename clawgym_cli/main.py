@@ -25,6 +25,7 @@ from clawgym_cli.commands import (
 )
 from clawgym_env.errors import ClawGymError
 from clawgym_env.redact import redact
+from harness_adapters.options import add_harness_arguments
 
 POOL_HELP = ("with --sandbox docker: keep N warm containers per sandbox shape, created ahead so that an episode's "
              "sandbox starts without waiting for the engine (0: every sandbox starts cold)")
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default="runs/episodes", help="folder for episode records and captured calls")
     run.add_argument("--keep-workspace", action="store_true")
     run.add_argument("--json", action="store_true", help="print one JSON object per episode")
+    add_harness_arguments(run)
     run.set_defaults(func=cmd_run)
 
     grade = sub.add_parser("grade", help="grade an existing workspace hermetically")
@@ -103,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     hc.add_argument("--policy", default="scripted:expert")
     hc.add_argument("--sandbox", default="bwrap", choices=["bwrap", "docker"])
     hc.add_argument("--json", action="store_true")
+    add_harness_arguments(hc)
     hc.set_defaults(func=cmd_harness_check)
 
     tr = sub.add_parser("tree", help="call trees").add_subparsers(dest="tree_cmd", required=True)
@@ -142,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                                           "(start one here) or HOST:PORT; one rollout worker per node")
     ev.add_argument("--max-episodes-per-node", type=int,
                     help="with --ray-address: episodes at once per node (default: --concurrency)")
+    add_harness_arguments(ev)
     ev.set_defaults(func=cmd_eval)
 
     lb = sub.add_parser("leaderboard", help="Markdown table, static HTML page and charts from results JSONL files")

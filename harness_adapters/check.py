@@ -20,21 +20,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from clawgym_env.capture.call_kinds import KindsAdapter, classify_calls
 from clawgym_env.capture.records import CallRecord, EpisodeRecord
 from clawgym_env.errors import HarnessError
-from clawgym_env.jsontypes import JSONObject
-from clawgym_env.plugins import load_suite, make_harness
+from clawgym_env.jsontypes import JSONObject, JSONValue
+from clawgym_env.plugins import load_suite
 from clawgym_env.policy.chat_format import normalize_messages
 from clawgym_env.proxy.dialects.registry import spec as dialect_spec
 from clawgym_env.proxy.splice import turn_key
 from clawgym_env.sandbox.base import DEFAULT_PROXY_PORT
 from clawgym_env.task import Task
+from harness_adapters.options import build_harness
 
 DEFAULT_PROBE_TASK = "builtin/csv_total"
 _CONNECT = re.compile(r'connect\(\d+, \{sa_family=(AF_INET6?), sin6?_port=htons\((\d+)\), '
@@ -300,14 +302,15 @@ def probe_task(spec: Task | str | Path) -> Task:
 
 
 def check_harness(harness: str, *, task: Task | str | Path = DEFAULT_PROBE_TASK, policy: str = "scripted:expert",
-                  sandbox: str = "bwrap", out_dir: str | None = None, **adapter_options: object) -> ConformanceReport:
+                  sandbox: str = "bwrap", out_dir: str | None = None, options: Mapping[str, JSONValue] | None = None,
+                  cache_dir: str | os.PathLike | None = None) -> ConformanceReport:
     """Install (if needed) and probe ``harness`` with one episode on ``task`` (see :func:`probe_task`);
-    return the report. ``adapter_options`` are the harness adapter's own keywords (see
-    :func:`~clawgym_env.plugins.make_harness`)."""
+    return the report. ``options`` are the harness adapter's own constructor keywords and ``cache_dir`` its
+    harness cache, checked against its constructor (:func:`harness_adapters.options.build_harness`)."""
     from clawgym_env.envs.runtime import Runtime
 
     probe = probe_task(task)
-    adapter = make_harness(harness, **adapter_options)
+    adapter = build_harness(harness, options, cache_dir=cache_dir)
     adapter.install()
     with Runtime(policy, sandbox=sandbox, out_dir=out_dir) as rt:
         result = rt.run(probe, adapter, trace_network=True)

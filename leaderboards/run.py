@@ -98,7 +98,9 @@ def run_eval(suite: str | Path, *, harness: str, policy: Any, out: str | Path, s
              rerun_infra: bool = False,
              keep_workspace: bool = False, retry_backoff_s: float = 1.0, progress: bool = True,
              adapter: Any = None, ray_address: str | None = None,
-             max_episodes_per_node: int | None = None, sandbox_pool: int = 0) -> EvalSummary:
+             max_episodes_per_node: int | None = None, sandbox_pool: int = 0,
+             harness_options: Mapping[str, Any] | None = None,
+             harness_cache_dir: str | Path | None = None) -> EvalSummary:
     """Evaluate; see the module doc. ``policy``: a spec string (also the rows' ``policy``) or a backend.
 
     ``ray_address`` (``"auto"``, ``"local"`` or ``HOST:PORT``) runs the episodes on a Ray fleet
@@ -106,13 +108,16 @@ def run_eval(suite: str | Path, *, harness: str, policy: Any, out: str | Path, s
     each, default ``concurrency``; infrastructure failures retried on another node up to ``retries``
     times); ``policy`` must then be a spec string each worker builds. Rows are appended as episodes
     finish, as with threads. ``sandbox_pool`` (``sandbox="docker"`` only) keeps that many warm containers per
-    sandbox shape: in this process on threads, in each rollout worker on a fleet."""
+    sandbox shape: in this process on threads, in each rollout worker on a fleet. ``harness_options`` (the
+    adapter's own constructor keywords) and ``harness_cache_dir`` (where it finds its pinned harness) build the
+    adapter when ``adapter`` is not given, checked against its constructor
+    (:func:`harness_adapters.options.build_harness`)."""
     if samples < 1 or concurrency < 1 or retries < 0:
         raise TaskError("samples and concurrency must be >= 1 and retries >= 0")
     check_sandbox_pool(sandbox, sandbox_pool)
-    from clawgym_env.plugins import make_harness
+    from harness_adapters.options import build_harness
 
-    adapter = adapter or make_harness(harness)
+    adapter = adapter or build_harness(harness, harness_options, cache_dir=harness_cache_dir)
     st = load_eval_suite(suite, data)
     if st.issues:
         log.warning("suite %s: %d load issue(s), e.g. %s: %s (-v lists them)", st.name, len(st.issues),

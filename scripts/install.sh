@@ -27,6 +27,8 @@ if ! $PY -c "import torch" 2>/dev/null; then
 fi
 echo "[install] pip install -e .[dev]"
 $PY -m pip install -q -e '.[dev]'
+echo "[install] the example plugin package (its tests drive each plugin from the command line)"
+$PY -m pip install -q --no-deps -e examples/clawgym_example_plugins
 echo "[install] Qwen3 tokenizer"
 $PY -c "from clawgym_env.policy.tokenizer import fetch_qwen3_tokenizer as f; print('[install] tokenizer at', f())"
 if [ "${CLAWGYM_WITH_HARNESSES:-1}" = "1" ]; then

@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from clawgym_env.harness import HarnessAdapter
+from clawgym_env.jsontypes import JSONObject
 from trainers.batch.clean import CleanConfig
 from trainers.loggers.args import LogArgs
 from trainers.policy import PolicyConfig
@@ -108,6 +110,39 @@ class RunArgs:
     ``max_context_tokens``; ``None``: no limit"""
     chunk_size: int = 1024
     """LM-head rows computed at once when scoring (memory vs speed with the 151k vocabulary)"""
+    harness_options: dict[str, JSONObject] = dataclasses.field(default_factory=dict)
+    """per harness name, its adapter's own options (constructor keywords), e.g. ``{openclaw: {api:
+    openai-responses}}``; the name ``"*"``: every harness of the run (its own entry wins; ``clawgym train
+    --harness-opt KEY=VALUE`` sets these); a key an adapter does not take is an error naming the ones it does"""
+    harness_cache_dir: str | None = None
+    """the harness cache every adapter that installs its harness finds it in (what ``clawgym harness install
+    --cache-dir`` fills); ``None``: ``$CLAWGYM_CACHE/harnesses`` (``~/.cache/clawgym/harnesses``)"""
+
+    def harness_names(self) -> list[str]:
+        """The harnesses this run builds (an algorithm with harnesses overrides it); ``harness_options`` may name
+        only these."""
+        return []
+
+    def harness_adapter(self, name: str) -> HarnessAdapter:
+        """The adapter ``name`` built with its ``harness_options`` and, when it has a harness cache,
+        ``harness_cache_dir`` (:func:`harness_adapters.options.build_harness`)."""
+        from harness_adapters.options import build_harness, takes_cache_dir
+
+        cache = self.harness_cache_dir if self.harness_cache_dir and takes_cache_dir(name) else None
+        options = {**self.harness_options.get("*", {}), **self.harness_options.get(name, {})}
+        return build_harness(name, options, cache_dir=cache)
+
+    def harness_adapters(self) -> dict[str, HarnessAdapter]:
+        """Every adapter of :meth:`harness_names`, built (and so checked) now: a bad option fails before training."""
+        from clawgym_env.errors import ConfigError
+
+        names = self.harness_names()
+        stray = sorted(set(self.harness_options) - {*names, "*"})
+        if stray:
+            raise ConfigError(f"harness_options names {', '.join(stray)}, not a harness of this run "
+                              f"({', '.join(names) or 'none'})")
+        return {name: self.harness_adapter(name) for name in names}
+
     log: LogArgs = dataclasses.field(default_factory=LogArgs)
     """experiment trackers (TensorBoard, Weights & Biases, plugins), curves and progress display (see the ``log.*``
     fields)"""
@@ -154,6 +189,13 @@ class RLArgs(RunArgs):
     scale: ScaleArgs = dataclasses.field(default_factory=ScaleArgs)
     """scale-out: Ray rollout fleet, FSDP ranks, vLLM serving and weight sync, rollouts ahead of training (see the
     ``scale.*`` fields); the defaults run everything in one process"""
+
+    def harness_names(self) -> list[str]:
+        """The harnesses of the mix (``harnesses``, ratio > 0) and of the in-loop evaluation."""
+        names = [h for h, ratio in self.harnesses.items() if ratio > 0]
+        if self.eval.harness and self.eval.harness not in names:
+            names.append(self.eval.harness)
+        return names
 
     @property
     def clip_high(self) -> float:

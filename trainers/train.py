@@ -151,6 +151,8 @@ def run(config: str | Path | JSONObject, overrides: list[str] | None = None, *, 
     data = add_log_backends(data, list(log_backends or []))
     algo = str(data.get("algo", "grpo"))
     module, args = args_from_config(data)
+    if hasattr(args, "harness_adapters"):
+        args.harness_adapters()  # a bad harness option fails here, before anything is loaded or written
     if resume is not None and hasattr(args, "resume"):
         args.resume = resume
     out = Path(getattr(args, "out_dir", "runs/train"))
@@ -196,6 +198,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (dotted for nested keys), e.g. --set steps=3")
     p.add_argument("--no-resume", action="store_true", help="start fresh even if out_dir has a checkpoint")
+    from harness_adapters.options import add_harness_arguments
+
+    add_harness_arguments(p)  # for every harness of the run: config_overrides turns them into --set items
     p.add_argument("--log-backend", dest="log_backends", action="append", default=[], metavar="NAME",
                    help="also send the metrics to this experiment tracker (repeatable): tensorboard, wandb, or a "
                         "plugin's (added to log.backends; options under log.wandb / log.options.NAME)")
@@ -214,6 +219,9 @@ def main_args(args: argparse.Namespace) -> int:
     if not args.config:
         raise ConfigError("--config FILE is required (or --help-config ALGO to list the fields; algorithms: "
                           f"{', '.join(available_algorithms())})")
+    from harness_adapters.options import config_overrides
+
+    args.overrides = [*args.overrides, *config_overrides(args)]  # before a relaunch, which forwards --set items
     if args.nproc_per_node < 1:
         raise ConfigError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
     if args.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:

@@ -130,7 +130,7 @@ def draw_jobs(args: Args, tasks: list, step: int, groups: int | None = None, ref
     ``groups_per_step``, ``refill`` numbers the dynamic-sampling rounds of a step, ``drawn`` (the step's jobs so
     far) are not drawn again."""
     return draw_step_jobs(tasks, step, harnesses=args.harnesses, seed=args.seed, refill=refill, drawn=drawn,
-                          n=args.groups_per_step if groups is None else groups)
+                          n=args.groups_per_step if groups is None else groups, adapters=args.harness_adapters())
 
 
 def collect_groups(args: Args, tasks: list, step: int, run) -> tuple[list[Any], list[Any], dict[str, int]]:
@@ -220,10 +220,12 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
         bar = tqdm(total=args.steps, initial=start - 1, desc="grpo", unit="step")
     last: MetricsRow = {}
     judge = judge_for(tasks + eval_tasks)
+    adapters = args.harness_adapters()  # built, so checked, before the first step
 
     def run(jobs):  # async: no version given, every call records the serving version that sampled it
         return run_jobs(rt, jobs, group_size=args.group_size, sampling=sampling, concurrency=args.concurrency,
-                        fleet=fleet, policy_version=None if scale.async_.max_staleness else version)
+                        fleet=fleet, adapters=adapters,
+                        policy_version=None if scale.async_.max_staleness else version)
 
     regroup = functools.partial(make_groups, normalize_std=args.normalize_std, overlong=args.overlong,
                                 overlong_penalty=args.overlong_penalty, clean=args.clean)
@@ -262,7 +264,8 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
             if main and eval_tasks and args.eval.every and (step % args.eval.every == 0 or step == args.steps):
                 row.update(evaluate_harnesses(rt, eval_tasks, eval_harnesses(args.eval.harness, args.harnesses),
                                               samples=args.eval.samples, sampling=sampling,
-                                              concurrency=args.concurrency, pass_threshold=args.pass_threshold))
+                                              concurrency=args.concurrency, pass_threshold=args.pass_threshold,
+                                              adapters=adapters))
             if main:
                 row.update(ranks.sync.step_metrics())  # weight-sync timings, prefix-cache hit rates
             row["step_s"] = time.perf_counter() - t0

@@ -132,7 +132,8 @@ class Args(RLArgs):
 # ---- the loop --------------------------------------------------------------------------------------
 def draw_jobs(args: Args, tasks: list, step: int) -> list[tuple[Any, str]]:
     """(task, harness) jobs of a step: ``tasks_per_step`` tasks (:func:`trainers.rollouts.draw.draw_jobs`)."""
-    return draw_step_jobs(tasks, step, harnesses=args.harnesses, n=args.tasks_per_step, seed=args.seed)
+    return draw_step_jobs(tasks, step, harnesses=args.harnesses, n=args.tasks_per_step, seed=args.seed,
+                          adapters=args.harness_adapters())
 
 
 def clean_trees(results, clean: CleanConfig | None = None) -> tuple[list[Any], CleanStats]:
@@ -192,11 +193,13 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
     sampling = args.sampling()
     last: MetricsRow = {}
     judge = judge_for(tasks + eval_tasks)
+    adapters = args.harness_adapters()  # built, so checked, before the first step
     ref_root = policy.module if policy.lora else None  # LoRA's reference is the policy with adapters off
 
     def run(jobs):  # async: no version given, every call records the serving version that sampled it
         return run_jobs(rt, jobs, group_size=args.samples_per_task, sampling=sampling, concurrency=args.concurrency,
-                        fleet=fleet, policy_version=None if scale.async_.max_staleness else version)
+                        fleet=fleet, adapters=adapters,
+                        policy_version=None if scale.async_.max_staleness else version)
 
     ahead = RolloutAhead(lambda n: StepBatch(n, run(draw_jobs(args, tasks, n)), []), scale.async_, start=start,
                          stop=args.steps, rerun=lambda keys: run(jobs_for(keys, tasks)))
@@ -243,7 +246,8 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
             if main and eval_tasks and args.eval.every and (step % args.eval.every == 0 or step == args.steps):
                 row.update(evaluate_harnesses(rt, eval_tasks, eval_harnesses(args.eval.harness, args.harnesses),
                                               samples=args.eval.samples, sampling=sampling,
-                                              concurrency=args.concurrency, pass_threshold=args.pass_threshold))
+                                              concurrency=args.concurrency, pass_threshold=args.pass_threshold,
+                                              adapters=adapters))
             if main:
                 row.update(ranks.sync.step_metrics())  # weight-sync timings, prefix-cache hit rates
             row["step_s"] = time.perf_counter() - t0

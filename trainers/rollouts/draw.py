@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
+from clawgym_env.harness import HarnessAdapter
 from trainers.rollouts.sync import harness_plan
 
 T = TypeVar("T")
@@ -34,14 +35,16 @@ log = logging.getLogger(__name__)
 
 
 def draw_jobs(tasks: Sequence[T], step: int, *, harnesses: dict[str, float], n: int, seed: int,
-              refill: int = 0, drawn: Sequence[tuple[T, str]] = ()) -> list[tuple[T, str]]:
+              refill: int = 0, drawn: Sequence[tuple[T, str]] = (),
+              adapters: Mapping[str, HarnessAdapter] | None = None) -> list[tuple[T, str]]:
     """``n`` (task, harness) jobs of ``step`` (fewer on a refill that runs out of tasks; module docstring);
     ``refill`` > 0 numbers an extra round of the same step (a fresh draw of its own, for dynamic sampling) and
-    ``drawn`` lists the jobs the step drew before it, which it does not draw again."""
+    ``drawn`` lists the jobs the step drew before it, which it does not draw again; ``adapters`` (the run's own, by
+    name) say whether their harness is installed."""
     base = seed * 1_000_003 + step
     rng = random.Random(base if refill == 0 else base * 1_009 + refill)
     jobs: list[tuple[T, str]] = []
-    for harness, count in sorted(harness_plan(harnesses, n).items()):
+    for harness, count in sorted(harness_plan(harnesses, n, adapters=adapters).items()):
         taken = {id(t) for t, h in drawn if h == harness}
         pool = [t for t in tasks if id(t) not in taken] if taken else list(tasks)
         picks: list[T] = []

@@ -14,7 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainers.rollouts.sync import evaluate
@@ -31,14 +31,16 @@ def eval_harnesses(configured: str | None, mix: dict[str, float]) -> list[str]:
 
 def evaluate_harnesses(runtime, tasks: Sequence[Any], harnesses: Sequence[str], *, samples: int = 1,
                        sampling: dict[str, Any] | None = None, concurrency: int = 4,
-                       pass_threshold: float = 1.0) -> dict[str, float | int | None]:
-    """Evaluate ``tasks`` through each harness of ``harnesses``; flat ``eval/...`` metrics."""
+                       pass_threshold: float = 1.0,
+                       adapters: Mapping[str, Any] | None = None) -> dict[str, float | int | None]:
+    """Evaluate ``tasks`` through each harness of ``harnesses`` (the run's own ``adapters`` by name, where given);
+    flat ``eval/...`` metrics."""
     row: dict[str, float | int | None] = {}
     episodes = passed = infra = 0
     reward_sum = 0.0
     for harness in harnesses:
         ev = evaluate(runtime, tasks, harness, samples=samples, sampling=sampling, concurrency=concurrency,
-                      pass_threshold=pass_threshold)
+                      pass_threshold=pass_threshold, adapter=(adapters or {}).get(harness))
         row.update({f"eval/{harness}/{k}": ev[k] for k in METRICS})
         episodes += ev["episodes"]
         passed += ev["passed"]

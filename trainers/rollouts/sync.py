@@ -82,27 +82,30 @@ class RolloutConfig:
             raise ValueError("rollout.sandbox_pool must be >= 0 (0: every sandbox starts cold)")
 
 
-def harness_available(name: str) -> tuple[bool, str]:
-    """(usable, reason): a harness with a pinned npm package must have it installed."""
+def harness_available(name: str, adapter: HarnessAdapter | None = None) -> tuple[bool, str]:
+    """(usable, reason): a harness with a pinned npm package must have it installed (where ``adapter``, the run's
+    own, looks for it: its harness cache; default: a plain one of ``name``)."""
 
     key = name.replace("_", "-").lower()
-    if key not in harnesses:
+    if adapter is None and key not in harnesses:
         return False, f"unknown harness {name!r}"
-    why = make_harness(key).missing()
+    why = (adapter or make_harness(key)).missing()
     return why is None, why or ""
 
 
-def harness_plan(ratios: dict[str, float], groups: int) -> dict[str, int]:
+def harness_plan(ratios: dict[str, float], groups: int, *,
+                 adapters: Mapping[str, HarnessAdapter] | None = None) -> dict[str, int]:
     """Split ``groups`` groups between the available harnesses in proportion to ``ratios``.
 
     Largest-remainder rounding, ties broken by name (deterministic). Unavailable harnesses are
-    dropped with a warning; at least one must remain.
+    dropped with a warning; at least one must remain. ``adapters`` (the run's own, by name) are asked whether
+    their harness is installed.
     """
     usable = {}
     for name, ratio in ratios.items():
         if ratio <= 0:
             continue
-        ok, why = harness_available(name)
+        ok, why = harness_available(name, (adapters or {}).get(name))
         if ok:
             usable[name] = float(ratio)
         else:
@@ -283,14 +286,16 @@ def run_jobs(runtime, jobs: Sequence[tuple[Task, str]], *, group_size: int = 1,
 def evaluate(runtime, tasks: Sequence[Task], harness: str = "mini", *, samples: int = 1,
              sampling: SamplingOverrides | Mapping[str, Any] | None = None, concurrency: int = 4,
              pass_threshold: float = 1.0,
-             progress: Any = None) -> JSONObject:
+             progress: Any = None, adapter: HarnessAdapter | None = None) -> JSONObject:
     """Pass rate of the runtime's policy on ``tasks`` (``samples`` episodes each).
 
     Returns ``{"episodes", "passed", "pass_rate", "reward_mean", "infra_failures", "results"}``;
-    infrastructure failures are excluded from ``episodes`` and the rates, and counted.
+    infrastructure failures are excluded from ``episodes`` and the rates, and counted. ``adapter``: the run's own
+    adapter of ``harness`` (its options and harness cache); default a plain one.
     """
     results = run_jobs(runtime, [(t, harness) for t in tasks], group_size=samples, sampling=sampling,
-                       concurrency=concurrency, progress=progress)
+                       concurrency=concurrency, progress=progress,
+                       adapters={harness: adapter} if adapter is not None else None)
     scored = [r.record for r in results if r.record.is_task_outcome]
     passed = sum(r.reward >= pass_threshold for r in scored)
     return {"episodes": len(scored), "passed": passed, "pass_rate": passed / len(scored) if scored else None,

@@ -100,6 +100,10 @@ class Args(RunArgs):
     def __post_init__(self) -> None:
         check_context(self.max_context_tokens, self.max_pack_tokens)
 
+    def harness_names(self) -> list[str]:
+        """The one harness the expert runs through."""
+        return [self.harness]
+
 
 def collect_expert(args: Args, tasks: list | None = None) -> tuple[list[EpisodePair], ExpertCounts]:
     """Run the expert through the harness on the suite; returns (kept episodes, counts)."""
@@ -110,7 +114,7 @@ def collect_expert(args: Args, tasks: list | None = None) -> tuple[list[EpisodeP
     with Runtime(args.expert, sandbox=args.sandbox, out_dir=Path(args.out_dir) / "expert_episodes",
                  judge=judge_for(tasks), max_context_tokens=args.max_context_tokens) as rt:
         results = run_jobs(rt, [(t, args.harness) for t in tasks], group_size=args.episodes_per_task,
-                           concurrency=args.concurrency)
+                           concurrency=args.concurrency, adapters=args.harness_adapters())
     eps = [as_episode(r) for r in results]
     kept = [(rec, calls) for rec, calls in eps
             if not rec.is_infra_failure and rec.reward >= args.min_reward and calls]
