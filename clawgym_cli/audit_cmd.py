@@ -29,7 +29,7 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     """Add the ``audit`` subcommand to ``sub`` (the ``clawgym`` subparsers), bound to :func:`cmd_audit`."""
     au = sub.add_parser("audit", help="scripted adversaries against a suite's graders: which tasks are hackable",
                         description=DESCRIPTION)
-    au.add_argument("--suite", required=True, help="bundled suite name (builtin, ...) or a folder of task dirs")
+    au.add_argument("--suite", required=True, help="suite name (builtin, a plugin's) or a folder of task dirs")
     au.add_argument("--data", help="the suite's data (a downloaded dataset folder or file), for suites that need it")
     au.add_argument("--task", nargs="+", action="extend", metavar="ID", help="only these tasks of the suite")
     au.add_argument("--harness", required=True, help="the harness the adversaries play through (e.g. mini)")

@@ -40,14 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     tasks = sub.add_parser("tasks", help="list tasks").add_subparsers(dest="tasks_cmd", required=True)
     tl = tasks.add_parser("list", help="one task per line, its id first")
-    tl.add_argument("--suite", default="builtin", help="bundled suite name or a folder of task dirs")
+    tl.add_argument("--suite", default="builtin", help="suite name (builtin, a plugin's) or a folder of task dirs")
     tl.add_argument("--task", help="one task: SUITE/ID or a task dir")
     tl.set_defaults(func=cmd_tasks_list)
 
     run = sub.add_parser("run", help="run harness episodes and grade them")
     run.add_argument("--harness", default="mini")
     run.add_argument("--task", help="SUITE/ID or a task dir")
-    run.add_argument("--suite", help="bundled suite name or a folder of task dirs")
+    run.add_argument("--suite", help="suite name (builtin, a plugin's) or a folder of task dirs")
     run.add_argument("--limit", type=int, help="only the first N tasks of the suite")
     run.add_argument("--policy", default="scripted:expert",
                      help="scripted:expert|wrong|noop|file:PATH, transformers:MODEL_DIR, tiny")
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="One JSON line per episode, appended as episodes finish; a restart skips finished "
                                     "ones. JobBench and ClawGym-Bench rubric tasks are judged on the host by the LLM "
                                     "judge at CLAWGYM_JUDGE_BASE_URL / CLAWGYM_JUDGE_MODEL (/ CLAWGYM_JUDGE_API_KEY).")
-    ev.add_argument("--suite", required=True, help="bundled suite name (builtin, ...) or a folder of task dirs")
+    ev.add_argument("--suite", required=True, help="suite name (builtin, a plugin's) or a folder of task dirs")
     ev.add_argument("--data", help="the suite's data (a downloaded dataset folder or file), for suites that need it")
     ev.add_argument("--harness", default="mini")
     ev.add_argument("--policy", default="scripted:expert",

@@ -31,9 +31,11 @@ mean") and the available ones.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from clawgym_env.errors import RegistrationError
 from clawgym_env.grading.grade import graders
 from clawgym_env.loggers import loggers
 from clawgym_env.policy import policies
@@ -76,11 +78,35 @@ def load_suite(spec: str | Path, data: str | Path | None = None, **options: obje
     ``options`` are the suite loader's own keywords (each suite declares its own, e.g. a split or a
     limit); they are passed through unchanged, so they cannot be typed here."""
     if isinstance(spec, str) and spec in suites and _norm(spec) != "folder":
-        return suites.load(spec)(spec, data=data, **options)
+        return _call_suite_loader(spec, spec, data, options)
     text = str(spec)
     if isinstance(spec, Path) or "/" in text or text.startswith((".", "~")) or Path(text).expanduser().exists():
-        return suites.load("folder")(spec, data=data, **options)
+        return _call_suite_loader("folder", spec, data, options)
     raise suites.unknown(text)
+
+
+def _call_suite_loader(name: str, spec: str | Path, data: str | Path | None, options: dict[str, object]) -> Suite:
+    """``loader(spec, data=data, **options)`` of the suite registered as ``name`` (``data`` passed only when
+    given); options the loader does not take, or a result that is not a Suite, are a RegistrationError."""
+    from clawgym_env.task import Suite
+
+    loader = suites.load(name)
+    kwargs = {**options, **({"data": data} if data is not None else {})}
+    try:
+        signature = inspect.signature(loader)
+    except (TypeError, ValueError):  # no introspectable signature: call it as is
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(spec, **kwargs)
+        except TypeError as exc:
+            raise RegistrationError(f"suite {name!r} does not take {sorted(kwargs)} ({exc}); its loader is "
+                                    f"{getattr(loader, '__qualname__', loader)}{signature}") from None
+    suite = loader(spec, **kwargs)
+    if not isinstance(suite, Suite):
+        raise RegistrationError(f"suite {name!r}: its loader {getattr(loader, '__qualname__', loader)} returned "
+                                f"{type(suite).__name__}, not a clawgym_env.task.Suite; return a Suite")
+    return suite
 
 
 def make_harness(name: str, /, **options: object) -> HarnessAdapter:

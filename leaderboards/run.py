@@ -75,11 +75,12 @@ class EvalSummary:
     reaped: list[str] = dataclasses.field(default_factory=list)  # leftovers of dead runs deleted at start
 
 def load_eval_suite(suite: str | Path, data: str | Path | None = None):
-    """The suite to evaluate: ``tasks.load_suite(suite, data=data)`` (``data``: the downloaded
-    dataset for suites that need one: officeqa, clawgym-bench, jobbench)."""
-    from tasks import load_suite
+    """The suite to evaluate, resolved through the suite registry (:func:`clawgym_env.plugins.load_suite`: a
+    registered name, this project's or a plugin's, or a path); ``data``: the downloaded dataset for suites
+    that need one (officeqa, clawgym-bench, jobbench, or a plugin suite's own)."""
+    from clawgym_env.plugins import load_suite
 
-    return load_suite(suite, data=data) if data is not None else load_suite(suite)
+    return load_suite(suite, data=data)
 
 
 def check_sandbox_pool(sandbox: str, sandbox_pool: int) -> None:

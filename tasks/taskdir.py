@@ -4,8 +4,8 @@ A task dir is a folder::
 
     <task_dir>/
       data_entry.json   {"task_id": str, "user_query": str, "input_mount_dir": abs path,
-                         "metadata": {...}, "limits": {...}, "protected_inputs": [...]
-                         (the last two optional, this project's extensions)}
+                         "metadata": {...}, "limits": {...}, "protected_inputs": [...],
+                         "grader": str (the last three optional, this project's extensions)}
       input_files/      optional; copied verbatim into the workspace by the runner
       reward/reward.sh  prints the score, a float in [0, 1], as its last stdout line
       expert.json       optional (this project's extension): {"steps": [...], "wrong": [...]}
@@ -22,6 +22,11 @@ cores; null or absent: 2), e.g.
 ``protected_inputs`` (:attr:`~clawgym_env.task.Task.protected_inputs`): input files the grader puts
 back as shipped before grading, as workspace-relative paths or ``fnmatch`` patterns, e.g.
 ``["test_mathutils.py", "tests/*.py"]``; each must match at least one file of ``input_files/``.
+
+``grader`` (:attr:`~clawgym_env.task.Task.grader`): the name of a grader registered in
+:data:`clawgym_env.plugins.graders` (``reward.sh``, ``hybrid``, ``jobbench`` or a plugin's, entry point
+group ``clawgym.graders``), which then grades the task; absent: ``hybrid`` when the task carries a rubric,
+else ``reward.sh``. An unknown name (or one whose plugin fails to import) fails the task's load.
 
 Invariants of a :class:`~clawgym_env.task.Task` returned by :func:`load_task_dir`:
   * ``id`` is the ``task_id`` of ``data_entry.json`` (non-empty, no ``/``, no whitespace);
@@ -45,7 +50,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from clawgym_env.errors import TaskError
+from clawgym_env.errors import RegistrationError, TaskError
 from clawgym_env.grading.inputs import input_files, matching
 from clawgym_env.jsontypes import JSONObject
 from clawgym_env.task import Task, TaskLimits
@@ -208,9 +213,31 @@ def load_task_dir(path: str | Path, suite: str | None = None) -> Task:
     task = Task(id=task_id, instruction=instruction, mount_dir=mount, suite=suite, task_dir=task_dir,
                 input_dir=input_dir, reward_dir=reward_dir, metadata=metadata, limits=limits, notes=notes,
                 protected_inputs=protected)
-    if is_hybrid(task):  # a rubric: ClawGym-Bench hybrid grading (tasks.graders.HybridGrader)
+    grader = _parse_grader(entry.get("grader"), entry_path)
+    if grader is not None:  # the task names its grader
+        task.grader = grader
+    elif is_hybrid(task):  # a rubric: ClawGym-Bench hybrid grading (tasks.graders.HybridGrader)
         task.grader = "hybrid"
     return task
+
+
+def _parse_grader(raw: Any, path: Path) -> str | None:
+    """``grader``: the name of a registered grader (:data:`clawgym_env.plugins.graders`), checked and
+    imported now, so a misspelt or broken one fails the task's load, not its grading."""
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw.strip():
+        raise TaskError(f"{path}: 'grader' must be the name of a registered grader, e.g. \"reward.sh\", "
+                        f"got {raw!r}")
+    from clawgym_env.grading.grade import graders
+
+    name = raw.strip()
+    try:
+        graders.load(name)
+    except RegistrationError as exc:
+        raise TaskError(f"{path}: 'grader' {name!r} cannot be used: {exc}; name a registered grader, or register "
+                        f"yours (entry point group {graders.group!r}, or graders.register at runtime)") from exc
+    return name
 
 
 class ExpertScript(BaseModel):

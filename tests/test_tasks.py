@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clawgym_env.errors import TaskError
+from clawgym_env.errors import RegistrationError, TaskError
 from tasks import Suite, TaskLimits, list_suites, load_expert, load_suite, load_task_dir, resolve_task
 
 MOUNT = "/root/.openclaw/workspace"
@@ -257,7 +257,7 @@ def test_task_dir_is_not_a_suite(tmp_path):
 
 
 def test_unknown_suite_names_close_matches():
-    with pytest.raises(TaskError) as ei:
+    with pytest.raises(RegistrationError) as ei:  # a name is looked up in the suite registry
         load_suite("builtn")
     assert "did you mean builtin" in str(ei.value)
     with pytest.raises(TaskError, match="no suite folder"):
@@ -307,7 +307,7 @@ def test_resolve_bare_id_suggests_the_full_spec():
 
 
 def test_resolve_unknown_suite():
-    with pytest.raises(TaskError, match="unknown suite 'bultin'.*builtin"):
+    with pytest.raises(RegistrationError, match="unknown suite 'bultin'.*builtin"):
         resolve_task("bultin/write_greeting")
 
 

@@ -38,7 +38,7 @@ class EvalArgs:
     """In-loop evaluation on a held-out suite (``eval.*``); off unless ``suite`` and ``every`` are set."""
 
     suite: str | None = None
-    """held-out suite evaluated in the loop (``None``: no in-loop evaluation)"""
+    """held-out suite evaluated in the loop, named as ``suite`` is (``None``: no in-loop evaluation)"""
     every: int = 0
     """evaluate every this many steps and after the last one (0: never)"""
     samples: int = 1
@@ -85,7 +85,8 @@ class RunArgs:
     steps: int = 100
     """number of iterations (RL: each rollouts, then an update; SFT: optimiser steps)"""
     suite: str = "builtin"
-    """train suite: a bundled suite name (``builtin``) or a folder of ClawGym task dirs"""
+    """train suite: a registered suite name (``builtin``, a plugin's; resolved by ``clawgym_env.plugins.load_suite``)
+    or a folder of ClawGym task dirs"""
     sandbox: str = "bwrap"
     """sandbox backend of every episode: ``bwrap`` or ``docker``"""
     concurrency: int = 4
