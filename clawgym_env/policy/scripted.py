@@ -12,7 +12,8 @@ Invariants:
 * Each step is expressed with a tool the harness actually offered in ``ctx.tools`` (see
   :data:`KNOWN_TOOLS` and :func:`resolve_tools`); a step no offered tool can express is skipped
   (the step list is filtered as a function of the offered tools only, which keeps indexing stable).
-  With no tool offered, or after the steps, the reply is the final answer without a tool call.
+  With no tool offered, or after the steps, the reply is the final answer without a tool call, except
+  where the harness ends only on a submit command (:data:`SUBMIT_SENTINELS`): then it is that shell call.
 * The reply text is :func:`~clawgym_env.policy.chat_format.assistant_text` (``<|im_end|>`` included);
   ``token_ids`` are its encoding by the real tokenizer and decode back to it exactly; every logprob
   is 0.0; ``max_tokens`` truncates the ids with ``finish_reason == "length"``.
@@ -68,6 +69,9 @@ KNOWN_TOOLS: dict[str, tuple[str, dict[str, str], bool]] = {
     "run_shell_command": ("shell", {"command": "command"}, False),
     "write_to_file": ("write", {"path": "path", "content": "content"}, False),
 }
+SUBMIT_SENTINELS = ("COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",)  # mini-swe-agent
+"""Harnesses whose instructions say they end only when a command prints one of these lines first (the rest of
+that output is the answer): there the final answer is a shell call (see :func:`submit_command`)."""
 _HEURISTIC_NAMES = {"shell": re.compile(r"bash|shell|exec|command|terminal", re.I),
                     "write": re.compile(r"write|create_file", re.I),
                     "read": re.compile(r"read|view(?!_?image)|cat", re.I)}  # an image viewer cannot read text
@@ -179,6 +183,22 @@ def plan_call(step: JSONObject, specs: dict[str, ToolSpec], mount_dir: str) -> t
     return None
 
 
+def submit_command(messages: list[JSONObject], answer: str) -> str | None:
+    """The shell command that submits ``answer`` when the conversation's system or user text names one of
+    :data:`SUBMIT_SENTINELS` (the sentinel line, then the answer verbatim), else None."""
+    for m in messages:
+        if m.get("role") not in ("system", "user"):
+            continue
+        content = m.get("content")
+        parts = content if isinstance(content, list) else [content]
+        text = "".join(p if isinstance(p, str) else str(p.get("text", "")) if isinstance(p, dict) else ""
+                       for p in parts)
+        sentinel = next((s for s in SUBMIT_SENTINELS if s in text), None)
+        if sentinel is not None:
+            return f"echo {sentinel} && printf '%s' {shlex.quote(answer)}"
+    return None
+
+
 _REQUIRED = {"write_file": ("path", "content"), "bash": ("command",), "read_file": ("path",)}
 
 
@@ -283,6 +303,10 @@ class ScriptedPolicy(PolicyBackend):
             thought = f"Step {turn + 1} of {len(calls)}: call {name}."
             return assistant_text("", reasoning=self._reasoning(thought, prompt_ids), tool_calls=[(name, args)])
         final = steps[-1]["final"]
+        submit = submit_command(ctx.messages, final) if "shell" in specs else None
+        if submit is not None:  # the harness ends only on its submit command: the answer goes through it
+            return assistant_text("", reasoning=self._reasoning("The work is done; I will submit.", prompt_ids),
+                                  tool_calls=[_shell_call(specs["shell"], submit)])
         return assistant_text(final, reasoning=self._reasoning("The work is done; I will answer.", prompt_ids))
 
     def _reasoning(self, thought: str, prompt_ids: list[int] | None) -> str | None:
