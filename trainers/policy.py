@@ -29,8 +29,10 @@ Invariants:
   ``save_pretrained`` and ``freeze_reference`` are collectives every rank calls: they gather full
   tensors with ``torch.distributed.checkpoint.state_dict`` and merge LoRA deltas (``W + scale·B@A``,
   per expert for fused MoE experts) from those full tensors, never through peft's in-place merge;
-  ``save_pretrained`` writes on rank 0 only. The reference of a sharded full fine-tune is an
-  unsharded copy on every rank.
+  ``save_pretrained`` writes on rank 0 only. A policy built by :func:`trainers.scale.meta_init.sharded_start`
+  never held the full model on any rank but 0's host memory; its full fine-tune reference is sharded too
+  (:meth:`TrainablePolicy.set_reference`), else the reference of a sharded full fine-tune is an unsharded copy on
+  every rank.
 """
 
 from __future__ import annotations
@@ -114,8 +116,16 @@ def _dtype(name: str) -> torch.dtype:
     return value
 
 
-def load_causal_lm(cfg: PolicyConfig, tokenizer):
-    """The (base) causal LM ``cfg`` names: a ``tiny*`` random-init model or a model directory's."""
+def load_causal_lm(cfg: PolicyConfig, tokenizer, *, meta: bool = False):
+    """The (base) causal LM ``cfg`` names: a ``tiny*`` random-init model or a model directory's. ``meta``: its
+    skeleton on the meta device (shapes and dtypes, no storage, nothing read from disk but ``config.json``)."""
+    if meta:
+        with torch.device("meta"):
+            return _load_causal_lm(cfg, tokenizer, skeleton=True)
+    return _load_causal_lm(cfg, tokenizer, skeleton=False)
+
+
+def _load_causal_lm(cfg: PolicyConfig, tokenizer, *, skeleton: bool):
     if cfg.attn_implementation not in TREE_MASK_ATTN:
         raise ConfigError(f"attn_implementation {cfg.attn_implementation!r} cannot take a tree mask; use one of "
                           f"{TREE_MASK_ATTN}")
@@ -141,13 +151,26 @@ def load_causal_lm(cfg: PolicyConfig, tokenizer):
     if not (path / "config.json").is_file():
         raise ConfigError(f"policy.model {cfg.model!r} is neither one of {TINY_MODELS} nor a model directory "
                           "with config.json")
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
+        if skeleton:
+            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)), dtype=_dtype(cfg.dtype),
+                                                    attn_implementation=cfg.attn_implementation)
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=_dtype(cfg.dtype),
                                                     attn_implementation=cfg.attn_implementation)
     except Exception as exc:
         raise PolicyError(f"could not load a causal LM from {path}: {exc}") from exc
+
+
+def is_meta(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s parameters live on the meta device (a skeleton without storage)."""
+    return any(p.is_meta for p in module.parameters())
+
+
+def tokenizer_for(cfg: PolicyConfig):
+    """The tokenizer of ``cfg``'s model: the model directory's own when it has one, else the project's Qwen3."""
+    return _tokenizer_for(cfg)
 
 
 def _tokenizer_for(cfg: PolicyConfig):
@@ -168,7 +191,8 @@ class TrainablePolicy:
         self.tokenizer = tokenizer if tokenizer is not None else _tokenizer_for(self.config)
         self.device = resolve_device(self.config.device)
         lm = model if model is not None else load_causal_lm(self.config, self.tokenizer)
-        lm = lm.to(self.device)
+        if not is_meta(lm):  # a meta skeleton is materialised after sharding (trainers.scale.meta_init)
+            lm = lm.to(self.device)
         self.lora = self.config.lora_rank > 0
         self.module: Any  # the trained module (a peft model under LoRA); transformers models are dynamically typed
         self.causal_lm: Any  # the causal LM the trainers run forwards on
@@ -269,6 +293,14 @@ class TrainablePolicy:
             ref = self.serving_copy() if self.sharded else copy.deepcopy(self.causal_lm)
             ref.requires_grad_(False)
             self._reference = ref.eval()
+
+    def set_reference(self, reference: Any) -> None:
+        """Use ``reference`` (a frozen causal LM of the base architecture holding the start weights, e.g. a
+        sharded one) as the full fine-tune's KL reference; an error under LoRA (its reference is the base)."""
+        if self.lora:
+            raise PolicyError("under LoRA the reference is the frozen base (adapters disabled); nothing to set")
+        reference.requires_grad_(False)
+        self._reference = reference.eval()
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[Any]:

@@ -1,6 +1,9 @@
 """What the RL loops share about ranks: policy set-up before and after sharding, rank 0's rollout services.
 
-Invariants of :func:`setup_policy` (the order matters): the KL reference and rank 0's serving copy are
+Invariants of :func:`setup_policy` (the order matters): under N ranks a policy it builds itself starts sharded
+without ever being whole on a rank's device (:func:`trainers.scale.meta_init.sharded_start`: meta skeleton,
+shard, rank 0 broadcasts the weights; the reference is sharded too). Otherwise (one process, a given policy, or
+``shard=False``): the KL reference and rank 0's serving copy are
 taken from the plain (unsharded) module, before ``fully_shard`` and before any checkpoint is loaded — the
 reference is the weights the run started from, and the serving engine is built without a collective; then
 the module is sharded (:func:`trainers.scale.fsdp.shard_policy`); the caller builds its optimiser after.
@@ -22,6 +25,7 @@ from trainers.policy import PolicyConfig, TrainablePolicy
 from trainers.rollouts.generation import GenerationConfig, open_generation
 from trainers.rollouts.sync import RolloutConfig, rollout_fleet
 from trainers.scale.fsdp import DistConfig, DistInfo, init_distributed, local_device, shard_policy
+from trainers.scale.meta_init import sharded_start
 from trainers.scale.weight_sync import GatherOnlySync, InProcessSync
 
 
@@ -60,6 +64,13 @@ def setup_policy(config: PolicyConfig, dist: DistConfig, policy: TrainablePolicy
     (``reference``) and rank 0's serving copy, then shard (module docstring; ``shard=False``: the caller
     shards later with :func:`trainers.scale.fsdp.shard_policy`, e.g. after copying a critic from the policy)."""
     info = init_distributed(dist.backend, dist.timeout_s)
+    if policy is None and shard and info.distributed:  # never the whole model on a rank's device
+        start = sharded_start(dataclasses.replace(config, device=local_device(config.device, info)), dist, info,
+                              reference=reference, serve_in_process=info.is_main and serve_in_process)
+        meta_sync: InProcessSync | GatherOnlySync = GatherOnlySync()
+        if start.host_copy is not None:
+            meta_sync = InProcessSync.for_policy(start.host_copy, name=name)
+        return RankSetup(info, start.policy, meta_sync)
     if policy is None:
         policy = TrainablePolicy(dataclasses.replace(config, device=local_device(config.device, info)))
     if reference:
