@@ -13,7 +13,6 @@ Run: ``python -m pytest -q examples/test_with_fakes.py`` (needs bubblewrap; abou
 from __future__ import annotations
 
 import json
-import sys
 
 import openai
 
@@ -41,6 +40,7 @@ from clawgym_env.testing import (
     Watch,
     assert_no_survivors,
     echo_suite,
+    sandbox_python,
 )
 
 
@@ -90,7 +90,7 @@ class StreamingHarness(HarnessAdapter):
 
     def launch(self, task: Task, endpoint: Endpoint, *, home: str) -> LaunchSpec:
         path = f"{home}/instruction.txt"
-        return LaunchSpec(argv=[sys.executable, "-c", STREAMING_AGENT, endpoint.base_url, endpoint.model, path],
+        return LaunchSpec(argv=[sandbox_python(), "-c", STREAMING_AGENT, endpoint.base_url, endpoint.model, path],
                           env={"OPENAI_API_KEY": endpoint.api_key}, files={path: task.instruction},
                           cwd=task.mount_dir)
 
