@@ -164,8 +164,7 @@ def test_expert_solves_multi_step_tasks_token_exact_on_one_main_thread(msa, expe
 
 @pytest.mark.slow
 def test_env_passes_check_env_and_returns_an_episode(msa, tmp_path):
-    # through gym.make (its spec says nondeterministic, as every ClawGym id), the harness named as an option
-    env = gym.make("ClawGym/Mini-v0", harness="mini-swe-agent", policy="scripted:expert", out_dir=tmp_path,
+    env = gym.make("ClawGym/MiniSweAgent-v0", policy="scripted:expert", out_dir=tmp_path,
                    task_ids=["count_words_answer", "csv_total"])
     try:
         assert isinstance(env.unwrapped, ClawGymEnv) and env.unwrapped.adapter.name == "mini-swe-agent"
