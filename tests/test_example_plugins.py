@@ -177,3 +177,45 @@ def test_the_grader_reads_no_link_and_scores_partial_work(tmp_path):
     assert FilesGrader().grade(GradeContext(task=task, workspace=workspace, final_message="Hello, Ada!")).reward == 1.0
     bare = task.model_copy(update={"metadata": {}})
     assert FilesGrader().grade(GradeContext(task=bare, workspace=workspace)).status == "reward_invalid"
+
+
+def test_eval_through_the_example_dialect_records_its_calls_under_its_name(tmp_path):
+    """``--harness-opt wire=example``: the agent speaks the package's own dialect; the proxy serves it from the
+    entry point, the expert still scores 1.0, and every call is recorded under ``example_turns``, token-exact."""
+    out, episodes = tmp_path / "results.jsonl", tmp_path / "episodes"
+    clawgym("eval", "--suite", "example", "--harness", "example-agent", "--harness-opt", "wire=example",
+            "--policy", "scripted:expert", "--out", str(out), "--episodes-dir", str(episodes), "--no-progress",
+            cwd=tmp_path)
+    results = rows(out)
+    assert len(results) == 2 and all(r["reward"] == 1.0 for r in results), results
+    calls = [c for path in sorted(episodes.rglob("calls.jsonl")) for c in rows(path)]
+    assert len(calls) >= 4
+    assert {c["dialect"] for c in calls} == {"example_turns"}
+    assert all(c["path"].endswith("/example/v1/turn") and c["token_exact"] for c in calls)
+
+
+def test_the_example_dialect_answers_errors_side_calls_and_streams_in_its_own_shapes(tokenizer):
+    import httpx
+
+    from clawgym_env.proxy.server import ProxyServer
+    from clawgym_env.testing import EchoScriptPolicy
+
+    with ProxyServer(EchoScriptPolicy(tokenizer)) as server:
+        session = server.open_episode()
+        root = session.base_url(server.url).removesuffix("/v1")
+        body = {"model": "m", "turns": [{"from": "user", "text": "hello there"}]}
+        answer = httpx.post(f"{root}/example/v1/turn", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["turn"]["text"].startswith("Echo: hello there")
+        assert answer.json()["usage"]["out"] > 0
+        streamed = httpx.post(f"{root}/example/v1/turn", json={**body, "stream": True}, timeout=60).text
+        events = [line.removeprefix("data: ") for line in streamed.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and json.loads(events[0])["turn"] == answer.json()["turn"]
+        bad = httpx.post(f"{root}/example/v1/turn", json={"turns": [{"from": "robot", "text": "x"}]}, timeout=60)
+        assert bad.status_code == 400 and bad.json()["error"]["field"] == "turns.0.from"
+        empty = httpx.post(f"{root}/example/v1/turn", json={"turns": []}, timeout=60)
+        assert empty.status_code == 400 and empty.json()["error"]["field"] == "turns"
+        count = httpx.post(f"{root}/example/v1/count", json=body, timeout=60).json()
+        assert count == {"tokens": len(tokenizer.encode("hello there", add_special_tokens=False))}
+        calls = server.close_episode(session.token)
+    assert [c.dialect for c in calls] == ["example_turns", "example_turns"]  # the two turns; no error, no side call

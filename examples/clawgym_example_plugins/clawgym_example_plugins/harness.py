@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from clawgym_env.errors import ConfigError
 from clawgym_env.harness import Endpoint, EpisodeResources, HarnessAdapter, HarnessOutput, LaunchSpec
 from clawgym_env.task import Task
 
@@ -28,15 +29,23 @@ def base_python() -> Path | None:
     return None
 
 
+WIRES = {"chat": "openai_chat", "example": "example_turns"}
+"""The agent's ``--wire`` → the dialect its calls are recorded under (``example_turns``: this package's own)."""
+
+
 class ExampleAgentAdapter(HarnessAdapter):
-    """Launches ``agent.py`` (OpenAI chat dialect) with the base interpreter."""
+    """Launches ``agent.py`` with the base interpreter; ``wire`` picks its dialect (``--harness-opt wire=example``)."""
 
     name = "example-agent"
     dialect = "openai_chat"
     resources = EpisodeResources(cpus=0.25, memory_mb=128)  # a stdlib-only Python process
 
-    def __init__(self, max_turns: int | None = None) -> None:
+    def __init__(self, max_turns: int | None = None, wire: str = "chat") -> None:
+        if wire not in WIRES:
+            raise ConfigError(f"example-agent: wire must be one of {', '.join(WIRES)}, got {wire!r}")
         self.max_turns = max_turns
+        self.wire = wire
+        self.dialect = WIRES[wire]
 
     def missing(self) -> str | None:
         """Why the harness cannot run here (no base interpreter found), or None."""
@@ -54,7 +63,7 @@ class ExampleAgentAdapter(HarnessAdapter):
         turns = self.max_turns or task.limits.max_turns
         python = base_python()
         argv = [str(python or "python3"), "-I", str(AGENT), "--base-url", endpoint.base_url,
-                "--model", endpoint.model, "--task-file", task_file, "--max-turns", str(turns)]
+                "--model", endpoint.model, "--task-file", task_file, "--max-turns", str(turns), "--wire", self.wire]
         return LaunchSpec(argv=argv, env={"OPENAI_API_KEY": endpoint.api_key}, files={task_file: task.instruction},
                           cwd=task.mount_dir)
 
