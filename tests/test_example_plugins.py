@@ -219,3 +219,19 @@ def test_the_example_dialect_answers_errors_side_calls_and_streams_in_its_own_sh
         assert count == {"tokens": len(tokenizer.encode("hello there", add_special_tokens=False))}
         calls = server.close_episode(session.token)
     assert [c.dialect for c in calls] == ["example_turns", "example_turns"]  # the two turns; no error, no side call
+
+
+def test_a_misspelt_grader_is_a_load_issue_naming_the_close_name(tmp_path, monkeypatch):
+    import shutil
+
+    from clawgym_example_plugins import suite
+
+    root = tmp_path / "suite_data"
+    shutil.copytree(suite.ROOT, root)
+    entry = json.loads((root / "total" / "data_entry.json").read_text())
+    (root / "total" / "data_entry.json").write_text(json.dumps({**entry, "grader": "exampel-files"}))
+    monkeypatch.setattr(suite, "ROOT", root)
+    loaded = suite.load_example_suite()
+    assert [t.id for t in loaded.tasks] == ["greeting"]
+    (issue,) = loaded.issues
+    assert "exampel-files" in issue.error and "did you mean example-files" in issue.error

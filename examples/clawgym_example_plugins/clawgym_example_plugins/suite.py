@@ -7,9 +7,9 @@ scripted expert's steps, so ``--policy scripted:expert`` solves it). The loader 
 ``example`` (entry point ``clawgym.suites``), with the signature every suite loader has:
 ``(spec, data=None, **options) -> Suite``.
 
-Invariants: tasks are ordered by folder name and carry ``suite="example"``; a folder that cannot be read
-becomes a ``TaskLoadIssue`` naming the file and the problem (the other tasks still load); ``limit`` (an
-option) keeps the first ``limit`` tasks.
+Invariants: tasks are ordered by folder name and carry ``suite="example"``; a folder that cannot be read, or
+whose grader is not registered, becomes a ``TaskLoadIssue`` naming the file and the problem (the other tasks
+still load); ``limit`` (an option) keeps the first ``limit`` tasks.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from clawgym_env.errors import TaskError
+from clawgym_env.errors import RegistrationError, TaskError
+from clawgym_env.plugins import graders
 from clawgym_env.task import Suite, Task, TaskLoadIssue
 
 ROOT = Path(__file__).with_name("suite_data")
@@ -34,6 +35,10 @@ def load_task(folder: Path) -> Task:
     missing = [k for k in ("task_id", "user_query", "grader") if not isinstance(entry.get(k), str)]
     if missing:
         raise TaskError(f"{entry_path}: needs the string keys {', '.join(missing)}")
+    try:  # a misspelt or broken grader fails the task's load, not its grading
+        graders.load(entry["grader"])
+    except RegistrationError as exc:
+        raise TaskError(f"{entry_path}: 'grader' {entry['grader']!r} cannot be used: {exc}") from exc
     inputs = folder / "input_files"
     return Task(id=entry["task_id"], instruction=entry["user_query"], suite=NAME, task_dir=folder,
                 mount_dir=entry.get("input_mount_dir") or "/workspace", input_dir=inputs if inputs.is_dir() else None,
