@@ -97,7 +97,7 @@ class OpenCodeAdapter(NpmHarnessAdapter):
     """
 
     name = "opencode"
-    resources = EpisodeResources(cpus=0.5, memory_mb=768)
+    resources = EpisodeResources(cpus=0.5, memory_mb=768)  # peak tree RSS measured 562 MiB
     dialect = "openai_chat"
     package = PACKAGE
 

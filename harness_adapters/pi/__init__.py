@@ -85,7 +85,7 @@ class PiAdapter(NpmHarnessAdapter):
     """
 
     name = "pi"
-    resources = EpisodeResources(cpus=0.5, memory_mb=384)
+    resources = EpisodeResources(cpus=0.5, memory_mb=256)  # peak tree RSS measured 148 MiB
     dialect = "openai_chat"
     package = PACKAGE
 
