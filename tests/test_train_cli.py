@@ -200,7 +200,7 @@ def test_grpo_top_level_fields_stay_few_and_scale_out_is_one_section():
     from trainers.ppo.train import Args as PPOArgs
     from trainers.run_args import RLArgs, ScaleArgs
 
-    assert len(dataclasses.fields(Args)) <= 40
+    assert len(dataclasses.fields(Args)) <= 41  # 39, then harness_options and harness_cache_dir (issue 25)
     assert issubclass(Args, RLArgs) and issubclass(PPOArgs, RLArgs)
     names = {f.name for f in dataclasses.fields(Args)}
     assert not names & {"dist", "generation", "rollout", "async_"} and {f.name for f in dataclasses.fields(
