@@ -69,7 +69,7 @@ from trainers.metrics import MetricsRow
 from trainers.policy import TrainablePolicy
 from trainers.ppo.targets import PackTargets, add_reference, forward_pack, gae_targets, loss_weights, prepare
 from trainers.ppo.update import batch_metrics, ppo_loss, update
-from trainers.ppo.value import ActorCritic, Critic
+from trainers.ppo.value import CRITIC_KINDS, ActorCritic, Critic
 from trainers.ranks import check_context, generation_services, rollout_services, setup_policy
 from trainers.rollouts.ahead import RolloutAhead, StepBatch, jobs_for
 from trainers.rollouts.draw import draw_jobs as draw_step_jobs
@@ -94,8 +94,13 @@ class Args(RLArgs):
     samples_per_task: int = 1
     """rollouts per task (the paper: 1); one call tree per episode"""
     critic: str = "separate"
-    """``separate``: the critic has its own trunk (a copy of the policy's, or ``value_model``); ``shared``: a value
-    head on the policy's trunk"""
+    """``separate``: the critic has its own trainable trunk (a copy of the policy's, or ``value_model``); ``shared``:
+    a value head on the policy's trunk, trained through it; ``lora``: the policy's frozen base under the critic's
+    own LoRA adapters; ``head``: a value head on the policy's detached hidden states (``lora``/``head`` fit LoRA
+    runs on one GPU; ``separate`` under LoRA warns of its memory)"""
+    critic_lora_rank: int = 0
+    """``critic: lora``: the rank of the critic's adapters (0: ``policy.lora_rank``; alpha, dropout and targets
+    are the policy's)"""
     value_model: str | None = None
     """separate critic: start its trunk from this model directory instead of the policy"""
     value_head_init_std: float | None = None
@@ -121,9 +126,16 @@ class Args(RLArgs):
     one mean over the per-rollout token terms of the minibatch"""
 
     def __post_init__(self) -> None:
-        if self.loss_norm not in ("tree", "token") or self.critic not in ("shared", "separate"):
-            raise ConfigError(f"loss_norm must be tree|token and critic shared|separate, got {self.loss_norm!r}, "
-                              f"{self.critic!r}")
+        if self.loss_norm not in ("tree", "token") or self.critic not in CRITIC_KINDS:
+            raise ConfigError(f"loss_norm must be tree|token and critic {'|'.join(CRITIC_KINDS)}, got "
+                              f"{self.loss_norm!r}, {self.critic!r}")
+        if self.critic == "lora" and (self.critic_lora_rank or self.policy.lora_rank) <= 0:
+            raise ConfigError("critic: lora needs a LoRA rank: set critic_lora_rank (or policy.lora_rank) > 0")
+        if self.critic_lora_rank < 0:
+            raise ConfigError(f"critic_lora_rank must be >= 0, got {self.critic_lora_rank}")
+        if self.value_model and self.critic != "separate":
+            raise ConfigError(f"value_model starts a separate critic's trunk; critic: {self.critic} has none of its "
+                              "own to load (set critic: separate, or drop value_model)")
         if self.clip_eps < 0 or (self.clip_eps_high or 0) < 0 or self.is_clip <= 0 or self.vf_clip < 0:
             raise ConfigError("clip_eps, clip_eps_high and vf_clip must be >= 0 and is_clip > 0")
         check_context(self.max_context_tokens, self.max_pack_tokens)
@@ -173,7 +185,8 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
                          serve_in_process=scale.generation.backend == "transformers")
     main, policy = ranks.info.is_main, ranks.policy
     say = echo if main else (lambda *_: None)
-    critic = Critic.for_policy(policy, args.critic, args.value_model, args.value_head_init_std, args.seed)
+    critic = Critic.for_policy(policy, args.critic, args.value_model, args.value_head_init_std, args.seed,
+                               lora_rank=args.critic_lora_rank)
     shard_policy(policy, scale.dist)
     shard_model(critic, mixed_precision=scale.dist.mixed_precision,
                 reshard_after_forward=scale.dist.reshard_after_forward)

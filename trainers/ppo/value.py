@@ -7,7 +7,20 @@ A :class:`Critic` is a value head (``Linear(hidden, 1)``) on top of a trunk, in 
   ``parameters()``); callers pass the policy's packed hidden states, which the policy forward already
   computed for the logprobs — one trunk forward serves both.
 * ``separate`` (:meth:`Critic.separate`): the critic owns a second Qwen3-family trunk (by default a
-  copy of the policy's, so it starts from the policy's weights) and runs its own packed forward.
+  copy of the policy's, so it starts from the policy's weights) and runs its own packed forward;
+* ``lora`` (:meth:`Critic.lora`): the critic's trunk is the policy's FROZEN base under the critic's own LoRA
+  adapters (:mod:`trainers.ppo.critic_trunk`): in one process the base tensors are the policy's own (no copy),
+  under a process group a frozen copy sharded as the critic's FSDP root (1/N per rank); it runs its own forward;
+* ``head`` (:meth:`Critic.on_policy` with ``detach=True``): a head on the policy's hidden states, detached, so
+  the value loss trains the head alone and never reaches the policy's trunk or adapters.
+
+Which fits where. A full fine-tune: ``separate`` (the paper's critic; twice the trainable weights) or
+``shared`` (the value loss also trains the policy's trunk). Under LoRA: ``lora`` (the value model has a trunk of
+its own to adapt, for the cost of a second set of adapters and a second forward) or ``head`` (nothing but
+``Linear(hidden, 1)``; its features are the policy's, which drift as the policy trains). ``shared`` under LoRA
+trains the policy's adapters with the value loss too; ``separate`` under LoRA is a full trainable copy of the
+trunk (weights, gradients and AdamW's moments: 4 × the trunk's bytes, ~65 GB for an 8B model in bf16), which
+:meth:`Critic.for_policy` warns about.
 
 Where a value is read. The value of the state before sampled token ``t`` — the state from which
 ``t`` was sampled — is ``head(h[predecessor[t]])``: the hidden state at ``t``'s predecessor index
@@ -28,6 +41,7 @@ Invariants:
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +52,7 @@ from clawgym_env.errors import ConfigError, PolicyError
 from trainers.batch.logprobs import packed_hidden_states
 from trainers.batch.packing import PackedTree
 
-CRITIC_KINDS = ("shared", "separate")
+CRITIC_KINDS = ("separate", "shared", "lora", "head")
 
 
 class ValueHead(nn.Module):
@@ -69,20 +83,39 @@ def _trunk_of(model):
 
 
 class Critic(nn.Module):
-    """A value head on the policy's trunk (``shared``) or on its own trunk (``separate``)."""
+    """A value head on the policy's trunk (``shared``, ``head``) or on a trunk of its own (``separate``, ``lora``)."""
 
-    def __init__(self, head: ValueHead, trunk: nn.Module | None = None) -> None:
+    def __init__(self, head: ValueHead, trunk: nn.Module | None = None, *, kind: str | None = None) -> None:
         super().__init__()
         self.head = head
-        self.trunk = trunk  # None for a shared critic: the policy's trunk is never registered here
+        self.trunk = trunk  # None when the critic reads the policy's hidden states: that trunk is never registered
+        kind = kind or ("shared" if trunk is None else "separate")
+        if kind not in CRITIC_KINDS or (trunk is None) != (kind in ("shared", "head")):
+            raise ConfigError(f"critic kind {kind!r} does not fit a critic {'without' if trunk is None else 'with'} "
+                              f"a trunk of its own (kinds: {CRITIC_KINDS})")
+        self._kind = kind
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def on_policy(cls, policy_model, init_std: float | None = None, seed: int = 0) -> Critic:
-        """A head on ``policy_model``'s trunk (float32 head, on the policy's device)."""
+    def on_policy(cls, policy_model, init_std: float | None = None, seed: int = 0, *, detach: bool = False) -> Critic:
+        """A head on ``policy_model``'s trunk (float32 head, on the policy's device); ``detach``: the ``head``
+        kind, whose value loss never reaches the trunk."""
         trunk = _trunk_of(policy_model)
         device = next(trunk.parameters()).device
-        return cls(ValueHead(policy_model.config.hidden_size, init_std, seed).to(device))
+        return cls(ValueHead(policy_model.config.hidden_size, init_std, seed).to(device),
+                   kind="head" if detach else "shared")
+
+    @classmethod
+    def lora(cls, policy_causal_lm, *, rank: int, alpha: float, dropout: float = 0.0, targets=(), seed: int = 0,
+             init_std: float | None = None, share: bool = True) -> Critic:
+        """The ``lora`` kind: ``policy_causal_lm``'s base weights, frozen (the same tensors when ``share``, else
+        copies), under LoRA adapters of the critic's own (:mod:`trainers.ppo.critic_trunk`), and a value head."""
+        from trainers.ppo.critic_trunk import add_adapters, base_trunk
+
+        trunk = base_trunk(policy_causal_lm, share=share)
+        add_adapters(trunk, rank=rank, alpha=alpha, dropout=dropout, targets=list(targets), seed=seed)
+        device = next(trunk.parameters()).device
+        return cls(ValueHead(trunk.config.hidden_size, init_std, seed).to(device), trunk, kind="lora")
 
     @classmethod
     def separate(cls, source, init_std: float | None = None, seed: int = 0, dtype=None,
@@ -111,18 +144,37 @@ class Critic(nn.Module):
 
     @classmethod
     def for_policy(cls, policy, kind: str = "separate", value_model: str | None = None,
-                   init_std: float | None = None, seed: int = 0) -> Critic:
-        """The critic of a :class:`trainers.policy.TrainablePolicy`: ``shared`` puts the head on its trunk;
-        ``separate`` starts from ``value_model`` (a model directory) or else from a merged, plain copy of
-        the policy (LoRA deltas included) taken over as the value trunk."""
-        if kind == "shared":
-            return cls.on_policy(policy.causal_lm, init_std, seed)
-        if kind != "separate":
+                   init_std: float | None = None, seed: int = 0, *, lora_rank: int = 0) -> Critic:
+        """The critic of a :class:`trainers.policy.TrainablePolicy`: ``shared``/``head`` put the head on its trunk
+        (``head`` detached); ``lora`` adapts the policy's frozen base with adapters of its own (rank ``lora_rank``,
+        0: the policy's; alpha, dropout and targets: the policy's), sharing the base tensors in one process and a
+        frozen copy under a process group (a full fine-tune: always a frozen copy of the start weights);
+        ``separate`` starts from ``value_model`` (a model directory) or else from a merged, plain copy of the
+        policy (LoRA deltas included) taken over as the value trunk (under LoRA: a warning naming its memory)."""
+        if kind in ("shared", "head"):
+            return cls.on_policy(policy.causal_lm, init_std, seed, detach=kind == "head")
+        if kind not in CRITIC_KINDS:
             raise ConfigError(f"critic kind must be one of {CRITIC_KINDS}, got {kind!r}")
-        if value_model:
+        if kind == "lora":
+            import torch.distributed as dist
+
+            pc = policy.config
+            one_process = not (dist.is_available() and dist.is_initialized())
+            critic = cls.lora(policy.causal_lm, rank=lora_rank or pc.lora_rank, alpha=pc.lora_alpha,
+                              dropout=pc.lora_dropout, targets=pc.lora_targets, seed=seed, init_std=init_std,
+                              share=policy.lora and one_process)
+        elif value_model:
             critic = cls.separate(value_model, init_std, seed).to(policy.device)
         else:
             critic = cls.separate(policy.serving_copy(), init_std, seed, copy_trunk=False)
+        if kind == "separate" and policy.lora:
+            from trainers.ppo.critic_trunk import full_copy_bytes
+
+            gib = full_copy_bytes(critic.trunk) / 2**30
+            warnings.warn(f"critic: separate under LoRA trains a full copy of the trunk: {gib:.1f} GiB of weights, "
+                          "gradients and AdamW moments (before FSDP sharding), next to a policy that trains only "
+                          "adapters; critic: lora (own adapters on the frozen base) or critic: head (a value head "
+                          "on the detached policy hidden states) fit one GPU", stacklevel=2)
         trunk: Any = critic.trunk  # a transformers model (dynamically typed)
         if policy.config.gradient_checkpointing:  # the critic's own trunk trains under the same memory plan
             trunk.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -130,13 +182,17 @@ class Critic(nn.Module):
 
     @property
     def kind(self) -> str:
-        """``shared`` (a head on the policy's trunk) or ``separate`` (its own trunk)."""
-        return "shared" if self.trunk is None else "separate"
+        """``shared``/``head`` (a head on the policy's hidden states, ``head`` detached) or ``separate``/``lora``
+        (a trunk of its own: trainable, or the frozen base under the critic's adapters)."""
+        return self._kind
 
     # -- evaluation -----------------------------------------------------------------------------
     def values_from_hidden(self, hidden: torch.Tensor, packed: PackedTree,
                            mask: torch.Tensor | None = None) -> torch.Tensor:
-        """[T] values read at predecessor rows of ``hidden`` (see the module invariants)."""
+        """[T] values read at predecessor rows of ``hidden`` (see the module invariants); a ``head`` critic
+        detaches ``hidden`` first, so no gradient reaches the trunk that computed it."""
+        if self._kind == "head":
+            hidden = hidden.detach()
         want = packed.predecessor >= 0
         if mask is not None:
             want = want & mask.to(want.device)
@@ -148,14 +204,14 @@ class Critic(nn.Module):
 
     def forward(self, packed: PackedTree, hidden: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, mask_form: str = "auto") -> torch.Tensor:
-        """[T] values. A shared critic needs ``hidden`` (the policy's packed hidden states); a separate
-        one runs its own trunk (``hidden`` must then be None)."""
+        """[T] values. A ``shared``/``head`` critic needs ``hidden`` (the policy's packed hidden states); one with
+        a trunk of its own runs it (``hidden`` must then be None)."""
         if self.trunk is None:
             if hidden is None:
-                raise ConfigError("a shared critic reads the policy's hidden states: pass hidden=")
+                raise ConfigError(f"a {self._kind} critic reads the policy's hidden states: pass hidden=")
         else:
             if hidden is not None:
-                raise ConfigError("a separate critic runs its own trunk; do not pass the policy's hidden states")
+                raise ConfigError(f"a {self._kind} critic runs its own trunk; do not pass the policy's hidden states")
             hidden = packed_hidden_states(self.trunk, packed, mask_form)
         return self.values_from_hidden(hidden, packed, mask)
 
