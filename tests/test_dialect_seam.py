@@ -69,6 +69,9 @@ def test_a_runtime_dialect_is_served_on_its_own_routes_and_recorded_under_its_na
         assert side.json() == {"chars": 4}
         bad = httpx.post(f"{root}/toy/any-model:say", json={"say": 3}, timeout=60)
         assert bad.status_code == 400 and "'say' must be a string" in bad.json()["oops"]  # its own envelope
+        lost = httpx.post(f"{root}/toy/any-model:sing", json={"say": "x"}, timeout=60)
+        assert lost.status_code == 404 and lost.json()["status"] == 404  # under its prefix: its envelope too
+        assert lost.json()["oops"] == "no route for POST /ep/<redacted>/toy/any-model:sing"  # the token redacted
         chat = httpx.post(f"{s.base_url(server.url)}/chat/completions", timeout=60,
                           json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
         assert chat.status_code == 200  # the built-ins are still served beside it

@@ -152,6 +152,14 @@ class ProxyApp:
         """The dialects served, resolved from the registry when the app is built (their routes mounted)."""
         routes += [Route("/ep/{token}" + path, self._side_endpoint(d.module, fn) if side else self._endpoint(d, fn),
                          methods=[method]) for method, path, d, fn, side in dialect_routes(self.dialects)]
+        claims: dict[str, set[str]] = {}
+        for _, path, d, _, _ in dialect_routes(self.dialects):
+            claims.setdefault(path.split("/")[1], set()).add(d.name)
+        by_name = {d.name: d.module for d in self.dialects}
+        self._by_prefix: dict[str, DialectModule] = {seg: by_name[next(iter(names))]
+                                                      for seg, names in claims.items() if len(names) == 1}
+        """A path's first segment under ``/ep/{token}`` → the one dialect whose routes start with it (its
+        envelope answers a 404 or 405 there; any other path: OpenAI's)."""
         self.routes = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error,
                                                                    Exception: self._crash})
 
@@ -171,7 +179,9 @@ class ProxyApp:
         status = getattr(exc, "status_code", 500)
         detail = {404: f"no route for {request.method} {request.url.path}",
                   405: f"method {request.method} is not allowed on {request.url.path}"}.get(status, str(exc))
-        return _error(openai_chat, status, detail, code="not_found" if status == 404 else None)
+        parts = request.url.path.split("/")
+        dialect = self._by_prefix.get(parts[3], openai_chat) if len(parts) > 3 and parts[1] == "ep" else openai_chat
+        return _error(dialect, status, detail, code="not_found" if status == 404 else None)
 
     async def _crash(self, request: Request, exc: Exception) -> Response:
         log.error("internal proxy error on %s", request.url.path, exc_info=exc)
