@@ -10,6 +10,7 @@ inside the sandbox.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -21,8 +22,10 @@ AGENT = Path(__file__).with_name("agent.py")
 
 
 def base_python() -> Path | None:
-    """The base interpreter of this Python (outside any virtual environment), or None when none is found."""
-    bindir = Path(sys.base_prefix) / "bin"
+    """The base interpreter of this Python (outside any virtual environment) under the *real* path of its prefix,
+    as the sandbox binds it (a prefix reached through a symlinked folder is not there by that name); None when
+    none is found."""
+    bindir = Path(os.path.realpath(sys.base_prefix)) / "bin"
     for name in (f"python{sys.version_info.major}.{sys.version_info.minor}", "python3"):
         if (bindir / name).is_file():
             return bindir / name
