@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from clawgym_env.errors import ConfigError, PolicyError
+from clawgym_env.policy.rope import RopeScaling
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TREE_MASK_ATTN = ("sdpa", "eager", "flex_attention")
@@ -99,6 +100,13 @@ class PolicyConfig:
     """dropout on LoRA inputs"""
     lora_targets: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
     """module names LoRA adapts"""
+    rope_scaling: RopeScaling | None = None
+    """YaRN rope scaling for a context beyond the model's ``max_position_embeddings``, e.g. ``{factor: 2.0,
+    original_max_position_embeddings: 32768}`` for 64K on Qwen3: applied identically to the trained model, the vLLM
+    engines (``--hf-overrides``) and every model folder written (``config.json``); None: the model's own positions"""
+
+    def __post_init__(self) -> None:
+        self.rope_scaling = RopeScaling.parse(self.rope_scaling)  # a mapping, e.g. a config read back from JSON
 
 
 def resolve_device(device: str) -> torch.device:
@@ -145,22 +153,46 @@ def _load_causal_lm(cfg: PolicyConfig, tokenizer, *, skeleton: bool):
 
             model.config.tie_word_embeddings = False
             model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
+        if cfg.rope_scaling is not None:  # the rotary embedding is recomputed from the scaled config
+            cfg.rope_scaling.apply(model.config)
+            model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config)
         model.config._attn_implementation = cfg.attn_implementation
         return model.to(_dtype(cfg.dtype))
     path = Path(cfg.model).expanduser()
     if not (path / "config.json").is_file():
         raise ConfigError(f"policy.model {cfg.model!r} is neither one of {TINY_MODELS} nor a model directory "
                           "with config.json")
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     try:
+        config = model_config(cfg)
         if skeleton:
-            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)), dtype=_dtype(cfg.dtype),
+            return AutoModelForCausalLM.from_config(config, dtype=_dtype(cfg.dtype),
                                                     attn_implementation=cfg.attn_implementation)
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=_dtype(cfg.dtype),
+        return AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=_dtype(cfg.dtype),
                                                     attn_implementation=cfg.attn_implementation)
+    except ConfigError:
+        raise
     except Exception as exc:
         raise PolicyError(f"could not load a causal LM from {path}: {exc}") from exc
+
+
+def model_config(cfg: PolicyConfig, tokenizer=None):
+    """The transformers config of the model ``cfg`` builds, ``rope_scaling`` applied (nothing but ``config.json`` is
+    read; a ``tiny*`` model's needs ``tokenizer``, the project's Qwen3 one when None)."""
+    if cfg.model in TINY_MODELS:
+        return load_causal_lm(cfg, tokenizer if tokenizer is not None else _tokenizer_for(cfg), meta=True).config
+    from transformers import AutoConfig
+
+    path = Path(cfg.model).expanduser()
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"policy.model {cfg.model!r} is neither one of {TINY_MODELS} nor a model directory "
+                          "with config.json")
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except Exception as exc:
+        raise PolicyError(f"could not read the model config {path / 'config.json'}: {exc}") from exc
+    return cfg.rope_scaling.apply(config) if cfg.rope_scaling is not None else config
 
 
 def is_meta(module: torch.nn.Module) -> bool:

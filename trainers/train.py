@@ -12,7 +12,10 @@ Invariants: an unknown key, or a value of the wrong type, is an error naming the
 matches) before anything runs (pydantic validates the ``Args`` dataclass, see
 :mod:`trainers.config_doc`); ``--help-config ALGO`` prints every field with its type, default and
 docstring; relative paths in the config stay relative to the current directory;
-the run's resolved config is written to ``<out_dir>/config.json`` before training starts.
+the run's resolved config is written to ``<out_dir>/config.json`` before training starts;
+``--check-config`` validates the config against its model's ``config.json`` (a context above the model's positions
+without ``policy.rope_scaling`` is refused, naming the YAML to add) and its harnesses, then exits
+(:mod:`trainers.check_config`).
 
 Data parallelism: ``--nproc-per-node N`` re-executes the command as ``python -m torch.distributed.run
 --standalone --nproc-per-node N -m trainers.train ...`` (the same as launching ``torchrun`` yourself); every
@@ -153,6 +156,9 @@ def run(config: str | Path | JSONObject, overrides: list[str] | None = None, *, 
     module, args = args_from_config(data)
     if hasattr(args, "harness_adapters"):
         args.harness_adapters()  # a bad harness option fails here, before anything is loaded or written
+    from trainers.check_config import check_context
+
+    check_context(args)  # a context above the model's positions (no rope scaling) fails here too
     if resume is not None and hasattr(args, "resume"):
         args.resume = resume
     out = Path(getattr(args, "out_dir", "runs/train"))
@@ -166,6 +172,21 @@ def run(config: str | Path | JSONObject, overrides: list[str] | None = None, *, 
     if main_rank:
         echo(format_summary(summary, time.perf_counter() - t0))
     return summary
+
+
+def check_only(config: str | Path | JSONObject, overrides: list[str] | None = None, *,
+               log_backends: list[str] | None = None, echo=print) -> int:
+    """``clawgym train --check-config``: validate the config and run :func:`trainers.check_config.check_config`
+    (a failure raises the :class:`ConfigError` naming the fix); prints what held and returns 0."""
+    from trainers.check_config import check_config
+
+    data = load_config(config) if not isinstance(config, dict) else dict(config)
+    data = add_log_backends(apply_overrides(data, list(overrides or [])), list(log_backends or []))
+    _, args = args_from_config(data)
+    lines = check_config(args)
+    echo("\n".join([f"config OK: {config if not isinstance(config, dict) else 'the given mapping'} "
+                     f"(algo {data.get('algo', 'grpo')})", *(f"   {line}" for line in lines)]))
+    return 0
 
 
 def launched_rank() -> int:
@@ -198,6 +219,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (dotted for nested keys), e.g. --set steps=3")
     p.add_argument("--no-resume", action="store_true", help="start fresh even if out_dir has a checkpoint")
+    p.add_argument("--check-config", action="store_true",
+                   help="check the config against its model's config.json and the harnesses, then exit (nothing is "
+                        "trained, loaded or written)")
     from harness_adapters.options import add_harness_arguments
 
     add_harness_arguments(p)  # for every harness of the run: config_overrides turns them into --set items
@@ -222,6 +246,8 @@ def main_args(args: argparse.Namespace) -> int:
     from harness_adapters.options import config_overrides
 
     args.overrides = [*args.overrides, *config_overrides(args)]  # before a relaunch, which forwards --set items
+    if getattr(args, "check_config", False):
+        return check_only(args.config, list(args.overrides), log_backends=list(args.log_backends))
     if args.nproc_per_node < 1:
         raise ConfigError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
     if args.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:

@@ -134,7 +134,7 @@ def _server_args(cfg: GenerationConfig) -> list[str]:
 
 
 def _start_servers(cfg: GenerationConfig, model_dir: Path, max_model_len: int, logs: Path,
-                   worker_extension: bool) -> list[Any]:
+                   worker_extension: bool, rope_scaling: Any = None) -> list[Any]:
     """Start ``cfg.replicas`` servers in parallel; on any failure stop them all and raise."""
     from clawgym_env.policy.vllm.server import VLLMServer
 
@@ -149,7 +149,7 @@ def _start_servers(cfg: GenerationConfig, model_dir: Path, max_model_len: int, l
                                   kv_cache_gib=cfg.kv_cache_gib,
                                   enforce_eager=cfg.enforce_eager, extra_args=_server_args(cfg), env=env,
                                   log_path=logs / f"vllm-replica{i}.log", startup_timeout_s=cfg.startup_timeout_s,
-                                  worker_extension=worker_extension))
+                                  worker_extension=worker_extension, rope_scaling=rope_scaling))
     with cf.ThreadPoolExecutor(max_workers=len(servers)) as pool:
         futures = [pool.submit(s.start) for s in servers]
         errors = [f.exception() for f in futures]
@@ -208,7 +208,8 @@ def open_generation(cfg: GenerationConfig, policy: Any, out_dir: str | os.PathLi
     del state
     method = _sync_method(cfg, first)
     max_len = int(cfg.max_model_len or max_context_tokens)
-    servers = _start_servers(cfg, first, max_len, root, worker_extension=method == "collective")
+    servers = _start_servers(cfg, first, max_len, root, worker_extension=method == "collective",
+                             rope_scaling=getattr(policy.config, "rope_scaling", None))  # the trainer's own YaRN
     serving: ReplicaPolicy | None = None
     sync: VLLMSync | None = None
     try:

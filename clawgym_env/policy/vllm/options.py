@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from clawgym_env.policy.rope import RopeScaling
 
 
 class VLLMPolicyOptions(TypedDict, total=False):
@@ -47,3 +50,4 @@ class VLLMServerOptions(TypedDict, total=False):
     startup_timeout_s: float
     grace_s: float
     worker_extension: bool
+    rope_scaling: RopeScaling | None

@@ -44,6 +44,7 @@ Weight sync (:meth:`VLLMServer.reload`), options in vLLM 0.32 and what is used h
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import socket
@@ -58,6 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clawgym_env.errors import PolicyError
+from clawgym_env.policy.rope import RopeScaling, positions
 from clawgym_env.policy.vllm.backend import VLLMPolicy
 from clawgym_env.policy.vllm.options import VLLMPolicyOptions
 from clawgym_env.policy.vllm.weights import model_config, reload_inplace, ties_embeddings
@@ -109,7 +111,10 @@ class VLLMServer:
     (``VLLM_CPU_KVCACHE_SPACE``); ``extra_args`` go to vLLM verbatim; ``env`` adds variables.
     ``worker_extension``: load :data:`WORKER_EXTENSION` into every worker (the receiving side of
     :mod:`~clawgym_env.policy.vllm.collective`'s weight broadcast; its folder goes on the server's
-    ``PYTHONPATH``, nothing else of ClawGym does).
+    ``PYTHONPATH``, nothing else of ClawGym does). ``rope_scaling``: YaRN the engine applies on top of the
+    folder's ``config.json`` (``--hf-overrides``: the ``rope_parameters`` and ``max_position_embeddings`` the
+    trainer's model config gets from the same setting); ``max_model_len`` above the positions the folder covers
+    (with it) is refused here, naming the setting.
     """
 
     def __init__(self, model_dir: str | os.PathLike, *, port: int | None = None, host: str = "127.0.0.1",
@@ -117,7 +122,8 @@ class VLLMServer:
                  dtype: str = "float32", max_model_len: int = 4096, kv_cache_gib: int = 1,
                  enforce_eager: bool = False, dev_mode: bool = True, extra_args: Iterable[str] = (),
                  env: dict[str, str] | None = None, log_path: str | os.PathLike | None = None,
-                 startup_timeout_s: float = 900.0, grace_s: float = 20.0, worker_extension: bool = False) -> None:
+                 startup_timeout_s: float = 900.0, grace_s: float = 20.0, worker_extension: bool = False,
+                 rope_scaling: RopeScaling | None = None) -> None:
         self.model_dir = Path(model_dir).expanduser().resolve()
         self._check_model_dir(self.model_dir)
         self.python = vllm_python(venv)
@@ -132,6 +138,8 @@ class VLLMServer:
         self.extra_args = list(extra_args)
         self.extra_env = dict(env or {})
         self.worker_extension = worker_extension
+        self.rope_scaling = rope_scaling
+        self._check_context()
         if log_path is None:
             fd, name = tempfile.mkstemp(prefix="clawgym-vllm-", suffix=".log")
             os.close(fd)
@@ -185,6 +193,20 @@ class VLLMServer:
         if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
             raise PolicyError(f"{path} holds no weights (*.safetensors or *.bin)")
 
+    def hf_overrides(self) -> dict[str, object]:
+        """The config keys the engine overrides on the folder's ``config.json`` (``rope_scaling``'s; {} without)."""
+        return dict(self.rope_scaling.overrides(model_config(self.model_dir))) if self.rope_scaling else {}
+
+    def _check_context(self) -> None:
+        config = {**model_config(self.model_dir), **self.hf_overrides()}
+        if "max_position_embeddings" in config and self.max_model_len > positions(config):
+            from clawgym_env.policy.rope import context_fix
+
+            raise PolicyError(f"max_model_len {self.max_model_len} is above the {positions(config)} positions "
+                              f"{self.model_dir.name} covers{' with its rope_scaling' if self.rope_scaling else ''}; "
+                              f"pass rope_scaling=RopeScaling(...) (in a train config: "
+                              f"{context_fix(self.max_model_len, positions(config)).strip()}) or lower max_model_len")
+
     def command(self) -> list[str]:
         """The argv that starts the server."""
         cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server",
@@ -196,6 +218,8 @@ class VLLMServer:
             cmd.append("--enforce-eager")
         if self.worker_extension:
             cmd += ["--worker-extension-cls", WORKER_EXTENSION]
+        if self.rope_scaling is not None:
+            cmd += ["--hf-overrides", json.dumps(self.hf_overrides(), sort_keys=True)]
         return cmd + self.extra_args
 
     def _child_env(self) -> dict[str, str]:
