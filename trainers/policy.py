@@ -24,6 +24,8 @@ Invariants:
   included), as full tensors; a checkpoint (:mod:`trainers.scale.checkpoint`) stores only the trainable
   parameters of :meth:`TrainablePolicy.checkpoint_modules` (under LoRA: the adapters);
 * the same seed gives the same LoRA initialisation in every process (data-parallel ranks agree);
+* ``PolicyConfig.rope_scaling`` (YaRN, :mod:`clawgym_env.policy.rope`) is set on the model config before the rotary
+  embedding is built (:func:`model_config`), so every folder saved from the model carries it in ``config.json``;
 * sharded or not: ``policy.module`` may be sharded in place with FSDP2 ``fully_shard`` (DTensor
   parameters). Then ``state_dict``, ``load_state_dict``, ``serving_state_dict``, ``serving_copy``,
   ``save_pretrained`` and ``freeze_reference`` are collectives every rank calls: they gather full
