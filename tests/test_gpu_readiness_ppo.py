@@ -6,12 +6,15 @@ with a retry fork (a tree attention mask), the trainer's own ``prepare``/``updat
 
 from __future__ import annotations
 
+import json
 import random
 import warnings
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
+yaml = pytest.importorskip("yaml")
 pytest.importorskip("peft")
 
 from clawgym_env.capture.records import CallRecord, EpisodeRecord  # noqa: E402
@@ -251,3 +254,60 @@ def test_critic_settings_are_checked_before_anything_runs():
         Args(critic="frozen")
     assert Args(critic="lora", critic_lora_rank=8).critic == "lora"
     assert Args(critic="lora", policy=PolicyConfig(lora_rank=8)).critic_lora_rank == 0
+
+
+# ---- the one-node recipe ----------------------------------------------------------------------------------------
+RECIPE = Path(__file__).resolve().parent.parent / "trainers/configs/qwen3_8b_ppo_lora_1node.yaml"
+QWEN3_8B = {  # the published Qwen3-8B config.json's fields
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 12288, "max_position_embeddings": 40960, "max_window_layers": 36,
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+
+
+def _qwen3_8b_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "Qwen3-8B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN3_8B))
+    return folder
+
+
+def test_the_ppo_recipe_passes_check_config_against_a_qwen3_8b_shaped_folder(tmp_path, capsys):
+    from clawgym_cli.main import main
+
+    folder = _qwen3_8b_folder(tmp_path)
+    recipe = yaml.safe_load(RECIPE.read_text())
+    assert recipe["algo"] == "ppo" and recipe["critic"] == "lora" and recipe["policy"]["lora_rank"] == 64
+    argv = ["train", "--check-config", "--config", str(RECIPE), "--set", f"policy.model={folder}"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "config OK" in out and "(algo ppo)" in out and f"65536 positions of {folder}" in out
+    assert main([*argv, "--set", "critic_lora_rank=-1"]) != 0  # the critic's own settings are checked too
+    assert "critic_lora_rank must be >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() and not Path(recipe["out_dir"]).exists()  # nothing written
+
+
+def test_the_recipes_memory_model_counts_the_real_shapes_adapters(tmp_path, tokenizer):
+    """The recipe's policy and critic on a meta Qwen3-8B (shapes only): 175M adapter parameters each, a
+    4,097-parameter head, and the critic's trunk holds no weight of its own."""
+    from trainers.policy import load_causal_lm
+
+    recipe = yaml.safe_load(RECIPE.read_text())
+    cfg = PolicyConfig(model=str(_qwen3_8b_folder(tmp_path)), device="cpu", dtype="bfloat16",
+                       lora_rank=recipe["policy"]["lora_rank"], lora_alpha=recipe["policy"]["lora_alpha"])
+    policy = TrainablePolicy(cfg, tokenizer=tokenizer, model=load_causal_lm(cfg, tokenizer, meta=True))
+    critic = Critic.for_policy(policy, recipe["critic"], lora_rank=recipe["critic_lora_rank"])
+    policy_adapters = sum(p.numel() for p in policy.trainable_parameters())
+    critic_trainable = _trainable(critic)
+    assert policy_adapters == 36 * 64 * (2 * 8192 + 2 * 5120 + 3 * 16384) == 174_587_904
+    assert sum(v for n, v in critic_trainable.items() if ".lora_" in n) == policy_adapters
+    assert critic_trainable["head.linear.weight"] + critic_trainable["head.linear.bias"] == 4097
+    base = sum(p.numel() for p in policy.causal_lm.parameters() if not p.requires_grad)
+    assert 8.1e9 < base < 8.3e9  # the 8.2B of the memory model (16.4 GB in bf16)
+    policy_ids = {id(p) for p in policy.module.parameters()}
+    assert all(id(p) in policy_ids for n, p in critic.trunk.named_parameters() if ".lora_" not in n)
+    text = RECIPE.read_text()
+    assert "175M params" in text and "4,097 params" in text and "16.4 GB" in text

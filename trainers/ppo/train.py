@@ -129,10 +129,10 @@ class Args(RLArgs):
         if self.loss_norm not in ("tree", "token") or self.critic not in CRITIC_KINDS:
             raise ConfigError(f"loss_norm must be tree|token and critic {'|'.join(CRITIC_KINDS)}, got "
                               f"{self.loss_norm!r}, {self.critic!r}")
-        if self.critic == "lora" and (self.critic_lora_rank or self.policy.lora_rank) <= 0:
-            raise ConfigError("critic: lora needs a LoRA rank: set critic_lora_rank (or policy.lora_rank) > 0")
         if self.critic_lora_rank < 0:
             raise ConfigError(f"critic_lora_rank must be >= 0, got {self.critic_lora_rank}")
+        if self.critic == "lora" and (self.critic_lora_rank or self.policy.lora_rank) <= 0:
+            raise ConfigError("critic: lora needs a LoRA rank: set critic_lora_rank (or policy.lora_rank) > 0")
         if self.value_model and self.critic != "separate":
             raise ConfigError(f"value_model starts a separate critic's trunk; critic: {self.critic} has none of its "
                               "own to load (set critic: separate, or drop value_model)")
