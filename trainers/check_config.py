@@ -69,7 +69,10 @@ def check_context(args: Any) -> ContextCheck | None:
     if policy is None or not lengths:
         return None
     native_config = model_config(dataclasses.replace(policy, rope_scaling=None))
-    native = positions(native_config)
+    if getattr(native_config, "max_position_embeddings", None) is None and policy.rope_scaling is None:
+        return None  # a config that states no positions: nothing to check against (the engine decides)
+    stated = getattr(native_config, "max_position_embeddings", None)
+    native = positions(native_config) if stated is not None else policy.rope_scaling.original_max_position_embeddings
     scaled = positions(model_config(policy)) if policy.rope_scaling is not None else native
     scaling = policy.rope_scaling or scaling_of(native_config)
     key, needed = max(lengths.items(), key=lambda kv: kv[1])
