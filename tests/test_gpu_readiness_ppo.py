@@ -311,3 +311,35 @@ def test_the_recipes_memory_model_counts_the_real_shapes_adapters(tmp_path, toke
     assert all(id(p) in policy_ids for n, p in critic.trunk.named_parameters() if ".lora_" not in n)
     text = RECIPE.read_text()
     assert "175M params" in text and "4,097 params" in text and "16.4 GB" in text
+
+
+def test_clawgym_train_runs_ppo_with_a_lora_critic_and_checkpoints_only_what_trains(tmp_path):
+    """``clawgym train`` (a real subprocess: sandboxes, proxy, the tiny LoRA policy sampling): a value-pretraining
+    step and a PPO step with ``critic: lora``; the checkpoints hold the critic's adapters and head, which moved,
+    and no base weight."""
+    import subprocess
+    import sys
+
+    from trainers.scale.checkpoint import checkpoint_tensors
+
+    cfg = {"algo": "ppo", "out_dir": str(tmp_path / "run"), "steps": 2, "save_every": 1, "value_pretrain_steps": 1,
+           "harnesses": {"mini": 1.0}, "tasks_per_step": 2, "samples_per_task": 1, "concurrency": 2,
+           "max_tokens": 16, "policy": {"model": "tiny", "device": "cpu", "lora_rank": LORA},
+           "critic": "lora", "critic_lora_rank": 2, "learning_rate": 1e-4, "critic_learning_rate": 1e-2,
+           "minibatches": 1, "log": {"plot": False}}
+    path = tmp_path / "ppo_lora.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "clawgym_cli", "train", "--config", str(path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in rows] == ["value_pretrain", "ppo"] and rows[0]["v_loss"] > 0
+    assert rows[0]["grad_norm_value"] > 0 and rows[1]["grad_norm"] > 0
+    first = checkpoint_tensors(tmp_path / "run" / "checkpoints" / "step_000001")
+    second = checkpoint_tensors(tmp_path / "run" / "checkpoints" / "step_000002")
+    critic_keys = set(second["critic"])
+    assert "head.linear.weight" in critic_keys and all(k.startswith("head.") or ".lora_" in k for k in critic_keys)
+    assert all(".critic." in k for k in critic_keys if ".lora_" in k)
+    assert {second["critic"][k].shape[0] for k in critic_keys if ".lora_A." in k} == {2}  # critic_lora_rank
+    assert all(".lora_" in k for k in second["policy"])  # the policy's adapters only: the base never trains
+    assert any(not torch.equal(first["critic"][k], second["critic"][k]) for k in critic_keys)
