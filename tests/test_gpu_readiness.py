@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,11 +45,17 @@ def _config(case: Case) -> Any:
 def _update(policy: Any, tok: Any) -> dict[str, float]:
     """One GRPO update with a KL penalty (2 groups in 2 minibatches, SGD: the second minibatch's policy has moved
     from the reference, so the reference's scores enter the loss): its statistics."""
+    import random
+
+    import numpy as np
     from test_fsdp import grpo_episodes
 
     from trainers.batch.tree_batch import make_groups, pack_groups
     from trainers.grpo.train import Args, grpo_update
 
+    random.seed(0)  # the minibatch order is drawn: the same draw on the ranks and in the one process
+    np.random.seed(0)
+    torch.manual_seed(0)
     opt = torch.optim.SGD(policy.trainable_parameters(), lr=0.5)
     args = Args(minibatches=2, kl_coef=0.05, max_grad_norm=0.5, chunk_size=64)
     stats = grpo_update(policy, opt, pack_groups(make_groups(grpo_episodes(tok, 2))), args)
@@ -105,24 +109,13 @@ def worker(out_dir: str) -> None:
         destroy_distributed()
 
 
-def _torchrun(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=env)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"torchrun timed out after {timeout} s:\n{out[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
-
-
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("meta-init")
-    res = _torchrun([str(Path(__file__).resolve()), str(out)], timeout=540)
+    from test_fsdp import torchrun
+
+    res = torchrun([str(Path(__file__).resolve()), str(out)], cwd=ROOT, timeout=540,
+                   env={"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
     assert res.returncode == 0, res.stdout[-6000:]
     return {name: {"ranks": [json.loads((out / f"{name}-rank{r}.json").read_text()) for r in (0, 1)],
                    "tensors": torch.load(out / f"{name}.pt", weights_only=False)} for name in CASES}
