@@ -11,7 +11,11 @@ Inside every sandbox:
     with ``spec.hand_back=False`` a backend that works on a copy discards it);
   * ``HOME`` (``spec.home``) and ``/tmp`` are private and writable and vanish with the sandbox;
   * the host toolchain (``spec.ro_paths``) is visible read-only at the same paths, except
-    ``spec.hidden_paths`` (our own packages: task data and verifiers) and the run's folders;
+    ``spec.hidden_paths`` (our own packages and every installed plugin distribution that ships suites or
+    graders: task data, expected answers, verifiers) and the run's folders. Precedence: a hidden path is
+    masked wherever a ``ro_paths`` entry that is the same path or a folder above it would show it; a
+    ``ro_paths`` entry strictly inside a hidden path (a harness's own agent file) is shown above the mask,
+    exactly that path and nothing beside it;
   * sandboxed code never acts as host root: it runs as ``spec.host_ids`` (or
     :func:`sandbox_host_ids`), and a file it marks setuid/setgid never keeps that bit on the host;
   * there is no network at all, except that when ``spec.proxy_socket`` is set, a TCP listener on
@@ -23,12 +27,15 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
+import importlib.metadata
 import importlib.util
 import itertools
+import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from urllib.parse import unquote, urlparse
 
 from clawgym_env.errors import SandboxError
 
@@ -102,9 +109,11 @@ class SandboxSpec:
     workspace_target: str = "/root/.openclaw/workspace"
     home: str = "/root"
     ro_paths: list[Path] = dataclasses.field(default_factory=lambda: host_toolchain_paths())
-    hidden_paths: list[Path] = dataclasses.field(default_factory=lambda: own_package_paths())
-    """Host paths never visible inside, even under a ``ro_paths`` folder (masked with an empty
-    read-only folder). Backends also hide the workspace's parent (episode) and grandparent (runs) folders."""
+    hidden_paths: list[Path] = dataclasses.field(default_factory=lambda: default_hidden_paths())
+    """Host paths never visible inside, even under or equal to a ``ro_paths`` entry (masked with an empty
+    read-only folder); only a ``ro_paths`` entry strictly inside one is shown, above the mask (module doc).
+    Default: :func:`default_hidden_paths`. Backends also hide the workspace's parent (episode) and
+    grandparent (runs) folders."""
     extra_binds: list[tuple[Path, str, bool]] = dataclasses.field(default_factory=list)
     """(host path, path inside, writable) extra bind mounts."""
     proxy_socket: Path | None = None
@@ -255,3 +264,101 @@ def _own_package_paths() -> tuple[Path, ...]:
         if spec is not None:
             found += [Path(p).resolve() for p in (spec.submodule_search_locations or [])]
     return tuple(found)
+
+
+PLUGIN_DATA_GROUPS = ("clawgym.suites", "clawgym.graders")
+"""Entry-point groups whose distributions ship task data, expected answers or reward code: every folder of
+such a distribution is hidden from sandboxes (:func:`plugin_data_paths`)."""
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc", "/opt")
+
+
+def default_hidden_paths() -> list[Path]:
+    """What :attr:`SandboxSpec.hidden_paths` holds unless told otherwise: :func:`own_package_paths` and
+    :func:`plugin_data_paths`, each once."""
+    return list(dict.fromkeys([*own_package_paths(), *plugin_data_paths()]))
+
+
+def plugin_data_paths(path: Sequence[str] | None = None) -> list[Path]:
+    """The folders of every distribution installed on ``path`` (default ``sys.path``) that declares a
+    :data:`PLUGIN_DATA_GROUPS` entry point, found from its metadata alone (nothing of it is imported):
+
+      * each top-level package folder its ``RECORD`` lists beside its ``dist-info`` (of a namespace
+        package, which other distributions share, the folders one level down that it installed);
+      * for an editable install, its project folder (``direct_url.json``) and the source folder of each
+        top-level package it names (``top_level.txt``, its entry points) that lies in that project folder.
+
+    Never a folder that would hide the toolchain (``/``, a system folder or one above it, the interpreter's
+    prefix). A harness of the same distribution that needs one of its files inside names exactly that file
+    in ``ro_paths``: it is shown above the mask, the suite data beside it stays hidden. Looked up once per
+    process and ``path``."""
+    return list(_plugin_data_paths(None if path is None else tuple(path)))
+
+
+@functools.lru_cache(maxsize=8)
+def _plugin_data_paths(path: tuple[str, ...] | None) -> tuple[Path, ...]:
+    found: list[Path] = []
+    dists = importlib.metadata.distributions() if path is None else importlib.metadata.distributions(path=list(path))
+    for dist in dists:
+        try:
+            if any(ep.group in PLUGIN_DATA_GROUPS for ep in dist.entry_points):
+                found += _installed_folders(dist) + _editable_folders(dist)
+        except (OSError, ValueError, UnicodeError):  # unreadable metadata: nothing to locate by it
+            continue
+    broad = _too_broad()
+    return tuple(p for p in dict.fromkeys(found) if p not in broad and p.is_dir())
+
+
+def _installed_folders(dist: importlib.metadata.Distribution) -> list[Path]:
+    """The top-level package folders ``dist``'s RECORD installed (module folders only, never ``__pycache__``,
+    its metadata folder or anything outside its site folder)."""
+    files = [PurePosixPath(str(f)) for f in dist.files or []]
+    listed = {f.parts for f in files}
+    tops: dict[str, list[PurePosixPath]] = {}
+    for f in files:
+        parts = f.parts
+        if len(parts) < 2 or ".." in parts or parts[0] == "__pycache__" or parts[0].endswith((".dist-info",
+                                                                                               ".egg-info")):
+            continue
+        tops.setdefault(parts[0], []).append(f)
+    out: list[Path] = []
+    for top, members in tops.items():
+        if (top, "__init__.py") in listed:
+            out.append(Path(str(dist.locate_file(top))).resolve())
+        else:  # a namespace package others share: only this distribution's folders inside it
+            out += [Path(str(dist.locate_file(f"{top}/{m.parts[1]}"))).resolve() for m in members if len(m.parts) > 2]
+    return out
+
+
+def _editable_folders(dist: importlib.metadata.Distribution) -> list[Path]:
+    """For an editable install: its project folder and the source folders of its top-level packages there."""
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "null")
+    except ValueError:
+        return []
+    if not isinstance(direct, dict) or not (direct.get("dir_info") or {}).get("editable"):
+        return []
+    url = urlparse(str(direct.get("url", "")))
+    if url.scheme != "file":
+        return []
+    project = Path(unquote(url.path)).resolve()
+    names = set((dist.read_text("top_level.txt") or "").split())
+    names |= {ep.value.split(":")[0].split(".")[0].strip() for ep in dist.entry_points}
+    out = [project]
+    for name in sorted(n for n in names if n.isidentifier()):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        for loc in (spec.submodule_search_locations or []) if spec is not None else []:
+            folder = Path(loc).resolve()
+            if folder.is_relative_to(project):  # another distribution's package is not this one's to hide
+                out.append(folder)
+    return out
+
+
+def _too_broad() -> set[Path]:
+    """Folders never hidden: ``/``, the system folders and every folder above one, this interpreter's prefixes."""
+    out = {Path("/"), Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    for d in SYSTEM_DIRS:
+        out.update([Path(d), *Path(d).parents])
+    return out

@@ -6,7 +6,9 @@ Invariants of the plan itself:
     workspace may lie under the private HOME;
   * a read-only source the sandbox uid cannot look up on the host is first bound read-only into the
     sandbox's private folder (``ro/<index>``), and bwrap binds that instead;
-  * hidden paths strictly under a visible folder become read-only empty tmpfs masks;
+  * hidden paths strictly under a visible folder (and ``spec.hidden_paths`` equal to one) become read-only
+    empty tmpfs masks; a visible path strictly inside a mask is bound above it (deeper mounts come later):
+    exactly that path is shown, nothing beside it;
   * the environment is built from scratch (never the host's): a PATH of visible folders only, HOME,
     TMPDIR, LANG, USER, the proxy URL when relayed, then ``spec.env``, then the exec's own.
 """
@@ -79,8 +81,11 @@ class BwrapCommands:
             mounts.append(("--bind" if rw else "--ro-bind", str(h) if rw else self._source(h, n + i), t))
         mounts.append(("--bind", str(places["workspace"]), spec.workspace_target))
         target = posixpath.normpath(spec.workspace_target)
-        for hidden in self._hidden():  # strictly under a visible folder (masking a whole system folder breaks it)
-            if hidden != target and any(hidden.startswith(v.rstrip("/") + "/") for v in visible):
+        declared = {str(p) for p in spec.hidden_paths}
+        for hidden in self._hidden():  # under a visible folder (masking a whole system folder breaks it) or, for
+            # spec.hidden_paths, equal to a ro_paths entry too: it is masked on top of that bind (same depth, later)
+            if hidden != target and any(hidden.startswith(v.rstrip("/") + "/") or (hidden == v and hidden in declared)
+                                        for v in visible):
                 mounts.append(("--tmpfs", "", hidden))
         if not self._private:  # the sandbox is this host user: hide what other users may not read
             for top in SCAN_FOR_SECRETS:

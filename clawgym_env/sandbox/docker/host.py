@@ -17,7 +17,8 @@ Invariants:
     special files are skipped, sparse files stay sparse, setuid/setgid/sticky bits are stripped, never a
     whole file in memory), every entry owned by the workspace folder's owner and the folder itself 0700;
   * :func:`hidden_folders` names what a sandbox must never see: ``spec.hidden_paths`` (our own
-    packages' folders: task data, expert solutions, verifiers), the project checkout, the workspace
+    packages' folders and those of every plugin distribution shipping suites or graders: task data,
+    expert solutions, verifiers), the project checkout, the workspace
     itself (only its private copy is mounted), its episode folder and the run folder holding other
     episodes; :func:`plan_ro_mounts` drops a toolchain path that *is* one of them and masks every one
     that a toolchain path would show with an empty root-owned 0555 tmpfs. A toolchain path strictly
