@@ -126,6 +126,10 @@ class EpisodeRecord(BaseModel):
     num_calls: int = 0
     calls_path: str | None = None
     wall_s: float = 0.0
+    sync_wait_s: float = Field(
+        default=0.0, ge=0.0, description="seconds the episode's model calls were held back while the policy's "
+                                         "weights changed (the engine's time: not charged against the harness's "
+                                         "wall-clock limit, so part of wall_s the agent was not timed for)")
     timings: dict[str, float] = Field(default_factory=dict)
     workspace_changes: list[WorkspaceChange] = Field(default_factory=list)
     inputs_modified: list[InputChange] = Field(

@@ -12,6 +12,12 @@ verdict (:func:`harness_stage`), the workspace's changes (:func:`workspace_stage
 (:func:`grade_stage`); the record is built once from them (:func:`~clawgym_env.episodes.stages.assemble_record`).
 
 Invariants:
+  * the harness's wall-clock limit (``task.limits.timeout_s``) is on the agent's own time: the time its model
+    calls were held back by a weight sync of the policy (the policy's
+    :class:`~clawgym_env.policy.sync_wait.SyncWaits`, written by its gate, never by the agent) extends the
+    limit while the harness runs (:class:`~clawgym_env.sandbox.deadline.AgentTimeout`) and is recorded as
+    ``sync_wait_s``; everything else (tools, harness, generation) counts, so the agent's own slowness still
+    ends as ``timeout``;
   * whatever the agent left in its workspace (fifos, sockets, undecodable names, 1,200 nested
     folders, sparse files) and whatever a request held, the episode ends with exactly one record
     and ``episode.json`` is written: listing, copying and deleting use
@@ -62,7 +68,9 @@ from clawgym_env.grading.inputs import modified_inputs
 from clawgym_env.grading.judge import Judge
 from clawgym_env.harness import Endpoint, HarnessAdapter
 from clawgym_env.policy.base import SamplingOverrides
+from clawgym_env.policy.sync_wait import SyncWaits, sync_waits_of
 from clawgym_env.sandbox import (
+    AgentTimeout,
     ExecResult,
     PlaceFullError,
     SandboxLimits,
@@ -212,11 +220,14 @@ def _run(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, root: Path, *,
     before = _snapshot(ws)
     session = proxy.open_episode(episode_id, task=task, harness=adapter.name, sampling=sampling,
                                  policy_version=policy_version, calls_path=root / "calls.jsonl")
+    waits = sync_waits_of(proxy.policy)
     try:
         boxed = sandbox_stage(task, adapter, session, root, ws, episode_id=episode_id, sandbox=sandbox,
-                              trace_network=trace_network)
+                              trace_network=trace_network, sync_waits=waits)
     finally:
         served = proxy.close_episode(session.token)
+        if waits is not None:
+            waits.forget(episode_id)
     proxied = proxy_stage(served, adapter, session, proxy, root / "calls.jsonl")
     harness = workspace = graded = None
     if boxed.run is not None:
@@ -234,8 +245,13 @@ def _run(task: Task, adapter: HarnessAdapter, proxy: ProxyServer, root: Path, *,
 
 
 def sandbox_stage(task: Task, adapter: HarnessAdapter, session: EpisodeSession, root: Path, ws: Path, *,
-                  episode_id: str, sandbox: str, trace_network: bool) -> SandboxStage:
+                  episode_id: str, sandbox: str, trace_network: bool,
+                  sync_waits: SyncWaits | None = None) -> SandboxStage:
     """Launch the harness in a sandbox on ``ws`` against the proxy ``session`` and wait for it.
+
+    ``sync_waits``: the policy's ledger of calls held back by weight syncs; the time this episode's calls
+    spend held there while the harness runs is not charged against ``task.limits.timeout_s`` and is the
+    stage's ``sync_wait_s`` (None without a ledger).
 
     A :class:`SandboxError` (the sandbox could not start or failed) or another :class:`ClawGymError` (the
     adapter could not configure or launch its harness) is the stage's ``failure``, with what was measured
@@ -247,6 +263,13 @@ def sandbox_stage(task: Task, adapter: HarnessAdapter, session: EpisodeSession, 
     start_s = harness_s = started_at = peak_mb = None
     limits_hit: tuple[str, ...] | None = None
     network_trace: str | None = None
+    held_before = sync_waits.waited_s(episode_id) if sync_waits is not None else 0.0
+
+    def held_s() -> float:  # this episode's calls held at the policy's sync gate since the stage began
+        return sync_waits.waited_s(episode_id) - held_before if sync_waits is not None else 0.0
+
+    timeout: float = task.limits.timeout_s if sync_waits is None else AgentTimeout(task.limits.timeout_s, held_s)
+    sync_s: float | None = None
     try:
         spec = SandboxSpec(workspace_host=ws, workspace_target=task.mount_dir, proxy_socket=session.socket_path,
                            ro_paths=host_toolchain_paths() + list(adapter.ro_paths()),
@@ -268,7 +291,8 @@ def sandbox_stage(task: Task, adapter: HarnessAdapter, session: EpisodeSession, 
                 argv = ["strace", "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-s", "96",
                         "-o", NETWORK_TRACE] + argv
             started_at = time.time()
-            run = sb.exec(argv, env=launch.env, cwd=launch.cwd or task.mount_dir, timeout=task.limits.timeout_s)
+            run = sb.exec(argv, env=launch.env, cwd=launch.cwd or task.mount_dir, timeout=timeout)
+            sync_s = held_s() if sync_waits is not None else None
             harness_s = time.monotonic() - t1
             if trace_network:
                 try:
@@ -287,7 +311,7 @@ def sandbox_stage(task: Task, adapter: HarnessAdapter, session: EpisodeSession, 
         failure = Verdict("infra_error", "harness", f"the harness could not launch: {exc}")
     return SandboxStage(run=run, failure=failure, sandbox_start_s=start_s, harness_s=harness_s,
                         harness_started_at=started_at, peak_memory_mb=peak_mb, limits_hit=limits_hit,
-                        network_trace=network_trace)
+                        network_trace=network_trace, sync_wait_s=sync_s)
 
 
 def proxy_stage(served: list[CallRecord], adapter: HarnessAdapter, session: EpisodeSession, proxy: ProxyServer,

@@ -76,6 +76,9 @@ class SandboxStage:
     """Sandbox limits the agent ran into (disk/inodes per place, memory, cpu); None: not read."""
     network_trace: str | None = None
     """The harness's socket syscalls, when traced."""
+    sync_wait_s: float | None = None
+    """Seconds the episode's calls were held back by weight syncs while the harness ran (not charged
+    against its wall-clock limit); None: the policy keeps no such ledger, or the harness never ran."""
 
     def timings(self) -> dict[str, float]:
         """``sandbox_start_s`` and ``harness_s``, those measured, in that order."""
@@ -189,6 +192,8 @@ def assemble_record(ids: EpisodeIds, *, wall_s: float, failure: Verdict | None =
             fields["resources"] = sandbox.resources()
         if sandbox.limits_hit is not None:
             fields["limits_hit"] = list(sandbox.limits_hit)
+        if sandbox.sync_wait_s is not None:
+            fields["sync_wait_s"] = sandbox.sync_wait_s
     if harness is not None:
         fields.update(final_message=harness.final_message, exit_code=harness.exit_code)
         logs.update(harness.logs)

@@ -15,6 +15,12 @@ generates on vLLM (``trainers.rollouts.generation``). Each call goes to one repl
   finish on the old weights, then the engines are updated and the version set, then calls resume.
   So a call's ``policy_version`` is exactly the version whose weights sampled all its tokens, and no
   call fails because of an update.
+* **The sync is not the agent's time.** While a call is held back by an update (a writer waiting or
+  writing), the gate notes it in :attr:`ReplicaPolicy.sync_waits` under the call's episode
+  (:class:`~clawgym_env.policy.sync_wait.SyncWaits`: the union of the episode's held intervals); the episode
+  runner extends that episode's wall-clock limit by it and records it (``EpisodeRecord.sync_wait_s``), so
+  an episode whose only overrun is waiting for new weights does not end as ``timeout``. A call that is
+  admitted at once notes nothing.
 * **Prefix-cache statistics** come from each engine's Prometheus ``/metrics`` (vLLM 0.32 counters
   ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits``, in tokens; exported with the ``_total``
   suffix): :meth:`prefix_cache_stats` (totals) and :meth:`step_metrics` (since its last call, for a
@@ -36,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams, SyncReport
+from clawgym_env.policy.sync_wait import SyncWaits
 
 if TYPE_CHECKING:
     from clawgym_env.policy.hf import Tokenizer
@@ -47,17 +54,20 @@ QUERIES_METRIC = "vllm:prefix_cache_queries_total"
 class VersionGate:
     """A readers-writer gate with writer preference that carries the served version.
 
-    ``with gate.read() as v``: a call holds a read slot and ``v`` cannot change until it leaves.
+    ``with gate.read(episode_id) as v``: a call holds a read slot and ``v`` cannot change until it leaves;
+    the time it is held back before that (only while a writer waits or writes) is noted in ``gate.waits``
+    under ``episode_id`` (nothing without one).
     ``with gate.write()``: waits for new readers to be held back and in-flight readers to leave,
     then holds the gate alone; ``gate.version`` may be set inside it. Writers are serialised.
     """
 
-    def __init__(self, version: int = 0) -> None:
+    def __init__(self, version: int = 0, *, waits: SyncWaits | None = None) -> None:
         self._cond = threading.Condition()
         self._readers = 0
         self._writing = False
         self._waiting_writers = 0
         self.version = int(version)
+        self.waits = waits if waits is not None else SyncWaits()
 
     @property
     def readers(self) -> int:
@@ -65,12 +75,21 @@ class VersionGate:
         with self._cond:
             return self._readers
 
-    @contextlib.contextmanager
-    def read(self) -> Iterator[int]:
-        """Hold a read slot; yields the version, fixed while it is held."""
+    @property
+    def closed(self) -> bool:
+        """Whether new readers are held back now (a writer waits or writes)."""
         with self._cond:
-            while self._writing or self._waiting_writers:
-                self._cond.wait()
+            return self._writing or bool(self._waiting_writers)
+
+    @contextlib.contextmanager
+    def read(self, episode_id: str = "") -> Iterator[int]:
+        """Hold a read slot; yields the version, fixed while it is held. Time held back by a writer is
+        noted under ``episode_id`` in :attr:`waits`."""
+        with self._cond:
+            if self._writing or self._waiting_writers:
+                with self.waits.waiting(episode_id):
+                    while self._writing or self._waiting_writers:
+                        self._cond.wait()
             self._readers += 1
             version = self.version
         try:
@@ -157,6 +176,8 @@ class ReplicaPolicy(PolicyBackend):
             raise PolicyError(f"{len(urls)} metrics URLs for {len(self.replicas)} replicas")
         self.metrics_urls = urls
         self.gate = VersionGate(version)
+        self.sync_waits = self.gate.waits
+        """Per episode, the time its calls were held back by weight updates (read by the episode runner)."""
         self.max_sticky = int(max_sticky)
         self.last_sync: SyncReport | None = None
         self._lock = threading.Lock()
@@ -200,7 +221,7 @@ class ReplicaPolicy(PolicyBackend):
         if self._closed:
             raise PolicyError("this ReplicaPolicy was closed; build a new one")
         idx = self.route(ctx.episode_id)
-        with self.gate.read() as version:
+        with self.gate.read(ctx.episode_id) as version:
             with self._lock:
                 self._in_flight[idx] += 1
                 self._calls[idx] += 1

@@ -13,6 +13,7 @@ from clawgym_env.sandbox.base import (
     SandboxSpec,
     host_toolchain_paths,
 )
+from clawgym_env.sandbox.deadline import AgentTimeout
 
 sandboxes: Registry[Sandbox] = Registry("sandbox", "clawgym.sandboxes",
                                        builtins={"bwrap": "clawgym_env.sandbox.bwrap.sandbox:BwrapSandbox",
@@ -31,5 +32,5 @@ def get_backend(name: str) -> type[Sandbox]:
     return cast("type[Sandbox]", sandboxes.load(name))
 
 
-__all__ = ["ExecResult", "PlaceFullError", "Sandbox", "SandboxLimits", "SandboxSpec", "host_toolchain_paths",
-           "get_backend", "sandboxes"]
+__all__ = ["AgentTimeout", "ExecResult", "PlaceFullError", "Sandbox", "SandboxLimits", "SandboxSpec",
+           "host_toolchain_paths", "get_backend", "sandboxes"]

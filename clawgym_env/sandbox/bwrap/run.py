@@ -5,7 +5,8 @@ Invariants:
   * :func:`check_bwrap` probes once per process and mode, as the sandbox would run (through the uid
     drop when this process is root), and raises :class:`SandboxError` naming the fix;
   * :func:`pump` keeps at most ``keep`` bytes of each of stdout/stderr (the tail) and kills the whole
-    process group at the deadline (then drains for at most 10 s more).
+    process group at the deadline (then drains for at most 10 s more); the deadline is read afresh at every
+    check, so an extendable one (:class:`~clawgym_env.sandbox.deadline.Deadline`) holds as it is extended.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from typing import IO, cast
 
 from clawgym_env.errors import SandboxError
 from clawgym_env.sandbox.base import SANDBOX_ID_BASE
+from clawgym_env.sandbox.deadline import Deadline
 
 _FIX = ("install bubblewrap (`apt-get install bubblewrap`) and allow unprivileged user namespaces "
         "(`sysctl -w kernel.unprivileged_userns_clone=1 user.max_user_namespaces=15000`, and "
@@ -79,7 +80,7 @@ def user_args(unprivileged: bool) -> list[str]:
 
 
 
-def pump(proc: subprocess.Popen, stdin: bytes | None, deadline: float | None, keep: int) -> tuple[str, str, bool]:
+def pump(proc: subprocess.Popen, stdin: bytes | None, deadline: Deadline | None, keep: int) -> tuple[str, str, bool]:
     """Feed stdin and collect the output tails until both pipes close; kill the group at ``deadline``."""
     if proc.stdout is None or proc.stderr is None:
         raise ValueError("pump needs a process started with stdout=PIPE and stderr=PIPE")
@@ -97,14 +98,13 @@ def pump(proc: subprocess.Popen, stdin: bytes | None, deadline: float | None, ke
             else:
                 proc.stdin.close()
         while sel.get_map():
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            events = sel.select(wait)
-            if deadline is not None and time.monotonic() >= deadline:
+            events = sel.select(None if deadline is None else deadline.poll_s())
+            if deadline is not None and deadline.expired():
                 if timed_out:
                     break  # something kept the pipes open past the grace period
                 timed_out = True
                 killpg(proc.pid)
-                deadline = time.monotonic() + 10  # drain what is left after the kill
+                deadline = Deadline.after(10)  # drain what is left after the kill
             for key, _ in events:
                 f = cast(IO[bytes], key.fileobj)  # only the process's pipes are registered
                 if f is proc.stdin:

@@ -91,6 +91,7 @@ from clawgym_env.sandbox.bwrap.plan import (
 )
 from clawgym_env.sandbox.bwrap.relay import RelayHolder, holder_possible
 from clawgym_env.sandbox.bwrap.run import _FIX, check_bwrap, killpg, pump, setpriv_prefix
+from clawgym_env.sandbox.deadline import Deadline
 
 _PREFIX = "clawgym-bwrap-"
 _swept: set[str] = set()
@@ -313,7 +314,8 @@ class BwrapSandbox(BwrapCommands, MountTableFiles, Sandbox):
     def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
              timeout: float | None = None, stdin: bytes | None = None) -> ExecResult:
         """Run ``argv`` under bwrap (see :meth:`Sandbox.exec`): its own process group, killed whole at
-        ``timeout``; output kept up to ``max_output_bytes`` per stream (the tail)."""
+        ``timeout`` (an :class:`~clawgym_env.sandbox.deadline.AgentTimeout`: extended by its excused time);
+        output kept up to ``max_output_bytes`` per stream (the tail)."""
         if not argv:
             raise SandboxError("exec needs a non-empty argv")
         if self.root is None:
@@ -331,15 +333,15 @@ class BwrapSandbox(BwrapCommands, MountTableFiles, Sandbox):
                                         start_new_session=True, cwd=str(self.root))
         except OSError as e:
             raise SandboxError(f"could not start bwrap: {e}; fix: {_FIX}") from e
-        deadline = None if timeout is None else t0 + timeout
+        deadline = Deadline.of(timeout, t0)  # an AgentTimeout's deadline moves by the time excused so far
         self._running.add(proc)
         try:
             out, err, timed_out = pump(proc, stdin, deadline, self.max_output_bytes)
-            if not timed_out:  # the pipes closed; the command itself may still run (output redirected)
+            while not timed_out and proc.poll() is None:  # the pipes closed; the command may still run
                 try:
-                    proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                    proc.wait(None if deadline is None else deadline.poll_s())
                 except subprocess.TimeoutExpired:
-                    timed_out = True
+                    timed_out = deadline is not None and deadline.expired()
         finally:
             self._running.discard(proc)
             if proc.poll() is None:

@@ -77,6 +77,7 @@ from typing import Any
 from clawgym_env.errors import SandboxError
 from clawgym_env.sandbox import hostfs
 from clawgym_env.sandbox.base import ExecResult, Sandbox, SandboxSpec, limit_tags, sandbox_host_ids
+from clawgym_env.sandbox.deadline import Deadline
 from clawgym_env.sandbox.docker.files import DockerFiles
 from clawgym_env.sandbox.docker.host import (
     IMAGE,
@@ -340,8 +341,9 @@ class DockerSandbox(DockerFiles, Sandbox):
 
     def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
              timeout: float | None = None, stdin: bytes | None = None) -> ExecResult:
-        """Run ``argv`` in the container through its launcher (see :meth:`Sandbox.exec`); at ``timeout``
-        every process of this exec is killed, daemonised or not."""
+        """Run ``argv`` in the container through its launcher (see :meth:`Sandbox.exec`); at ``timeout`` (an
+        :class:`~clawgym_env.sandbox.deadline.AgentTimeout`: extended by its excused time) every process of this
+        exec is killed, daemonised or not."""
         if not argv:
             raise SandboxError("exec needs a non-empty argv")
         code, out, err, timed_out, wall = self._run(list(argv), env=env, cwd=cwd, timeout=timeout, stdin=stdin,
@@ -368,7 +370,7 @@ class DockerSandbox(DockerFiles, Sandbox):
             raise SandboxError(f"docker exec failed: {exc}") from exc
         raw = getattr(raw, "_sock", raw)
         try:
-            out, err, timed_out = pump(raw, stdin, None if timeout is None else t0 + timeout, keep,
+            out, err, timed_out = pump(raw, stdin, Deadline.of(timeout, t0), keep,
                                        on_deadline=lambda: self._sweep(tag))
         finally:
             raw.close()

@@ -10,8 +10,10 @@ Invariants of :func:`pump`:
   * a frame split across reads is reassembled; output of other stream ids is ignored;
   * with ``keep`` set, each stream keeps only its last ``keep`` bytes, prefixed by
     ``[... N bytes dropped ...]`` when anything was dropped (the bwrap backend's format);
-  * at ``deadline`` it calls ``on_deadline()`` once (which must kill the process tree), then drains
-    for at most ``GRACE_S`` more seconds and returns ``timed_out=True``;
+  * at ``deadline`` (read afresh at every check: an extendable
+    :class:`~clawgym_env.sandbox.deadline.Deadline` holds as it is extended) it calls ``on_deadline()`` once
+    (which must kill the process tree), then drains for at most ``GRACE_S`` more seconds and returns
+    ``timed_out=True``;
   * it uses a selector, not ``select()``, so sockets numbered above 1024 work.
 """
 
@@ -21,14 +23,15 @@ import contextlib
 import selectors
 import socket
 import struct
-import time
 from collections.abc import Callable
+
+from clawgym_env.sandbox.deadline import Deadline
 
 GRACE_S = 5.0
 _HEADER = struct.Struct(">BxxxL")
 
 
-def pump(raw: socket.socket, stdin: bytes | None, deadline: float | None, keep: int | None,
+def pump(raw: socket.socket, stdin: bytes | None, deadline: Deadline | None, keep: int | None,
          on_deadline: Callable[[], None]) -> tuple[bytes, bytes, bool]:
     """Run the exchange on ``raw`` until EOF; returns (stdout, stderr, timed_out)."""
     bufs = {1: bytearray(), 2: bytearray()}
@@ -39,13 +42,13 @@ def pump(raw: socket.socket, stdin: bytes | None, deadline: float | None, keep: 
         if stdin is not None and not stdin:
             raw.shutdown(socket.SHUT_WR)
         while True:
-            wait = None if deadline is None else deadline - time.monotonic()
+            wait = None if deadline is None else deadline.poll_s()
             if wait is not None and wait <= 0:
                 if timed_out:
                     break  # something kept the stream open past the grace period
                 timed_out = True
                 on_deadline()
-                deadline = time.monotonic() + GRACE_S
+                deadline = Deadline.after(GRACE_S)
                 continue
             events = sel.select(wait)
             mask = events[0][1] if events else 0
