@@ -17,24 +17,10 @@ Invariants of :func:`parse_stream`:
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from clawgym_env.jsontypes import JSONObject
-
-
-def iter_events(stdout: str):
-    """The JSON objects on ``stdout``, one per line, skipping anything else."""
-    for line in stdout.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            yield obj
+from harness_adapters.jsonl_events import json_objects
 
 
 def _blocks(message: Any) -> list[Any]:
@@ -54,7 +40,7 @@ def parse_stream(stdout: str) -> tuple[str | None, list[JSONObject], JSONObject]
     summary: JSONObject = {}
     final: str | None = None
     last_id: str | None = None
-    for ev in iter_events(stdout):
+    for ev in json_objects(stdout):
         kind = ev.get("type")
         if kind == "system" and ev.get("subtype") == "init":
             summary.update({k: ev.get(k) for k in ("tools", "model", "session_id", "cwd", "permissionMode")})

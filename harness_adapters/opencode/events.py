@@ -13,26 +13,9 @@ else None.
 
 from __future__ import annotations
 
-import json
-
 from clawgym_env.harness import HarnessOutput
 from clawgym_env.jsontypes import JSONObject
-
-
-def events(stdout: str) -> list[JSONObject]:
-    """Every JSON object line of ``stdout`` with a string ``type``, in order."""
-    out = []
-    for line in (stdout or "").splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("type"), str):
-            out.append(obj)
-    return out
+from harness_adapters.jsonl_events import typed_events
 
 
 def _part(ev: JSONObject) -> JSONObject:
@@ -60,7 +43,7 @@ def parse_events(stdout: str) -> HarnessOutput:
     transcript: list[JSONObject] = []
     step_text: list[str] = []
     final: str | None = None
-    for ev in events(stdout):
+    for ev in typed_events(stdout):
         kind = ev["type"]
         if kind == "step_start":
             step_text, final = [], None

@@ -14,28 +14,11 @@ last assistant message when it stopped with ``stop``, else None.
 
 from __future__ import annotations
 
-import json
-
 from clawgym_env.harness import HarnessOutput
 from clawgym_env.jsontypes import JSONObject
+from harness_adapters.jsonl_events import typed_events
 
 HARNESS_EVENTS = ("compaction_start", "compaction_end", "auto_retry_start", "auto_retry_end")
-
-
-def events(stdout: str) -> list[JSONObject]:
-    """Every JSON object line of ``stdout`` with a string ``type``, in order."""
-    out = []
-    for line in (stdout or "").splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("type"), str):
-            out.append(obj)
-    return out
 
 
 def _text(message: JSONObject) -> str:
@@ -58,7 +41,7 @@ def final_answer(messages: list[JSONObject]) -> str | None:
 
 def parse_events(stdout: str) -> HarnessOutput:
     """Final answer and transcript (the run's messages, then compaction and retry events) from the output."""
-    evs = events(stdout)
+    evs = typed_events(stdout)
     ended = [m for m in (evs[-1].get("messages") if evs and evs[-1]["type"] == "agent_end" else None) or []
              if isinstance(m, dict)]
     messages = ended or [ev["message"] for ev in evs

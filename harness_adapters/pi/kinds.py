@@ -17,57 +17,21 @@ only without tools; anything else is left to the structural default (None).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from clawgym_env.capture.records import CallRecord
 from clawgym_env.harness import KindVerdict
+from harness_adapters.call_kinds_by_prompt import PromptMarks, kinds_by_system_prompt
 
 MAIN_OPENING = "You are an expert coding assistant operating inside pi"
 COMPACT_OPENING = "You are a context summarization assistant."
-
-
-def _text(content: Any) -> str | None:
-    if isinstance(content, list):
-        content = "".join(b.get("text", "") for b in content
-                          if isinstance(b, Mapping) and isinstance(b.get("text"), str))
-    return content if isinstance(content, str) else None
-
-
-def system_prompt(call: CallRecord) -> str | None:
-    """The system prompt of a captured request in any of the three dialects, or None."""
-    request = call.request if isinstance(call.request, Mapping) else {}
-    if "system" in request:  # Anthropic Messages
-        return _text(request.get("system"))
-    if isinstance(request.get("instructions"), str):  # Responses
-        return request["instructions"]
-    messages = request.get("messages", request.get("input"))
-    if not isinstance(messages, list) or not messages or not isinstance(messages[0], Mapping):
-        return None
-    first = messages[0]
-    return _text(first.get("content")) if first.get("role") in ("system", "developer") else None
-
-
-def has_tools(call: CallRecord) -> bool:
-    """Whether a captured request offers any tools."""
-    tools = call.request.get("tools") if isinstance(call.request, Mapping) else None
-    return isinstance(tools, list) and bool(tools)
+MARKS = PromptMarks(
+    main_evidence="pi's agent system prompt (that of its first call offering tools)",
+    main_opening=MAIN_OPENING,
+    toolless={COMPACT_OPENING: ("compaction", "pi's summarization system prompt, no tools offered")},
+)
 
 
 def pi_kinds(calls: Sequence[CallRecord]) -> list[KindVerdict]:
     """Per call, main / compaction by system prompt and tools (see the module doc), else None. Never raises."""
-    try:
-        systems = [system_prompt(c) for c in calls]
-        tools = [has_tools(c) for c in calls]
-    except Exception:  # noqa: BLE001 - a malformed record: leave the whole episode to the structural default
-        return [None] * len(calls)
-    main = next((s for s, t in zip(systems, tools) if t and s is not None and s.startswith(MAIN_OPENING)), None)
-    out: list[KindVerdict] = []
-    for system, offered in zip(systems, tools):
-        if system is not None and system.startswith(COMPACT_OPENING) and not offered:
-            out.append(("compaction", "pi's summarization system prompt, no tools offered"))
-        elif main is not None and offered and system == main:
-            out.append(("main", "pi's agent system prompt (that of its first call offering tools)"))
-        else:
-            out.append(None)
-    return out
+    return kinds_by_system_prompt(calls, MARKS)

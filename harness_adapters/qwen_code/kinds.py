@@ -25,10 +25,10 @@ anything else is left to the structural default (None).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from clawgym_env.capture.records import CallRecord
 from clawgym_env.harness import KindVerdict
+from harness_adapters.call_kinds_by_prompt import content_text, has_tools
 
 MAIN_OPENING = "You are Qwen Code, a non-interactive CLI agent"
 SUBAGENT_OPENING = "You are a general-purpose subagent working for a parent agent."
@@ -36,23 +36,14 @@ COMPACT_OPENING = "You are the component that summarizes a conversation when its
 
 
 def _system(call: CallRecord) -> str | None:
+    """The text of a Chat Completions request's first message when it is ``system`` (else None: the call is left
+    to the structural default)."""
     request = call.request if isinstance(call.request, Mapping) else {}
     messages = request.get("messages")
     if not isinstance(messages, list) or not messages or not isinstance(messages[0], Mapping):
         return None
     first = messages[0]
-    if first.get("role") != "system":
-        return None
-    content: Any = first.get("content")
-    if isinstance(content, list):
-        content = "".join(b.get("text", "") for b in content
-                          if isinstance(b, Mapping) and isinstance(b.get("text"), str))
-    return content if isinstance(content, str) else None
-
-
-def _has_tools(call: CallRecord) -> bool:
-    tools = call.request.get("tools") if isinstance(call.request, Mapping) else None
-    return isinstance(tools, list) and bool(tools)
+    return content_text(first.get("content")) if first.get("role") == "system" else None
 
 
 def qwen_code_kinds(calls: Sequence[CallRecord]) -> list[KindVerdict]:
@@ -66,12 +57,12 @@ def qwen_code_kinds(calls: Sequence[CallRecord]) -> list[KindVerdict]:
     seen_main = False
     for call, system in zip(calls, systems):
         try:
-            if system is not None and system.startswith(COMPACT_OPENING) and not _has_tools(call):
+            if system is not None and system.startswith(COMPACT_OPENING) and not has_tools(call):
                 out.append(("compaction", "Qwen Code's compaction system prompt, no tools offered"))
-            elif main is not None and system == main and _has_tools(call):
+            elif main is not None and system == main and has_tools(call):
                 seen_main = True
                 out.append(("main", "Qwen Code's main system prompt (that of the episode's first call)"))
-            elif main is not None and seen_main and system is not None and _has_tools(call):
+            elif main is not None and seen_main and system is not None and has_tools(call):
                 which = "the built-in general-purpose" if system.startswith(SUBAGENT_OPENING) else "a"
                 out.append(("subagent", f"{which} subagent system prompt, not the main agent's, with its own tools"))
             else:

@@ -11,29 +11,12 @@ Invariant: :func:`parse_stream` never raises; non-JSON lines are skipped; the fi
 
 from __future__ import annotations
 
-import json
-
 from clawgym_env.harness import HarnessOutput
 from clawgym_env.jsontypes import JSONObject
+from harness_adapters.jsonl_events import typed_events
 
 SUMMARY_KEYS = ("subtype", "is_error", "num_turns", "duration_ms", "duration_api_ms", "usage", "session_id",
                 "error", "stop_reason")
-
-
-def events(stdout: str) -> list[JSONObject]:
-    """Every JSON object line of ``stdout`` with a string ``type``, in order."""
-    out = []
-    for line in (stdout or "").splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("type"), str):
-            out.append(obj)
-    return out
 
 
 def _message(ev: JSONObject) -> JSONObject | None:
@@ -48,7 +31,7 @@ def parse_stream(stdout: str) -> HarnessOutput:
     """Final answer (the successful ``result`` event's text) and the assistant/user messages."""
     transcript: list[JSONObject] = []
     final = None
-    for ev in events(stdout):
+    for ev in typed_events(stdout):
         kind = ev["type"]
         if kind in ("assistant", "user"):
             msg = _message(ev)
