@@ -6,7 +6,9 @@ builds, per case, the policy through :func:`trainers.ranks.setup_policy` (meta s
 broadcasts), records on each rank which models the policy constructor saw (meta or materialised), the parameter
 elements each rank stores, and (GRPO with a KL penalty) one update; rank 0 writes the full parameters and deltas.
 The tests compare them with one process building the same policy the plain way, within 1e-5.
-The other points of that issue are tested in test_gpu_readiness_math.py and test_gpu_readiness_weights.py.
+
+The other points are tested in one file per concept (``test_gpu_readiness_<concept>.py``); :data:`POINTS` names
+the test that holds each point, and :func:`test_every_point_has_a_cpu_test_that_never_skips` keeps the map true.
 """
 
 from __future__ import annotations
@@ -182,6 +184,37 @@ def test_point5_the_kl_reference_is_sharded_and_scores_like_the_plain_one(name, 
         moved += int(float(delta.abs().max()) > 0)
         assert float((got["tensors"]["delta"][k] - delta).abs().max()) <= TOL, k
     assert moved, "the update changed nothing: the comparison would be vacuous"
+
+
+POINTS = {
+    1: "test_gpu_readiness_weights.py::test_moe_v0_folder_and_every_sync_carry_the_checkpoint_layout",
+    2: "test_gpu_readiness_context.py::test_train_refuses_a_context_above_the_positions_and_its_fix_works",
+    3: "test_gpu_readiness.py::test_point3_no_rank_holds_the_whole_model_at_init",
+    4: "test_gpu_readiness_weights.py::test_fp32_masters_are_served_in_bf16_by_default_and_the_engines_run_bf16",
+    5: "test_gpu_readiness.py::test_point5_the_kl_reference_is_sharded_and_scores_like_the_plain_one",
+    6: "test_gpu_readiness_math.py::test_point6_token_norm_gives_each_minibatch_weight_one",
+    7: "test_gpu_readiness_math.py::test_point7_shared_tokens_keep_each_episodes_behaviour_logprob",
+    8: "test_gpu_readiness_sync.py::test_an_episode_whose_only_overrun_is_a_weight_sync_ends_ok",
+    9: "test_gpu_readiness_ppo.py::test_lora_critic_trains_only_its_adapters_and_head_over_the_policys_own_frozen_base",
+    10: "test_gpu_readiness_math.py::test_point10_refill_never_redraws_a_task_of_the_same_step",
+    11: "test_gpu_readiness_math.py::test_point11_synced_sampling_check_is_unchecked_without_a_comparable_step",
+}
+"""Point of the issue → the CPU test that holds it."""
+
+
+def test_every_point_has_a_cpu_test_that_never_skips():
+    """Each of points 1-11 names a test that exists, is collected (a ``test_`` function) and carries no skip or
+    xfail mark; the files also hold more tests per point than the one named."""
+    import ast
+
+    assert sorted(POINTS) == list(range(1, 12))
+    for point, ref in POINTS.items():
+        file, name = ref.split("::")
+        tree = ast.parse((ROOT / "tests" / file).read_text())
+        found = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == name]
+        assert found, f"point {point}: {ref} does not exist"
+        marks = [ast.unparse(d) for d in found[0].decorator_list]
+        assert not [m for m in marks if "skip" in m or "xfail" in m], (point, marks)
 
 
 if __name__ == "__main__":
