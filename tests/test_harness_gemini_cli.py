@@ -9,29 +9,22 @@ import shutil
 import subprocess
 
 import pytest
-from helpers_harness import check_expert_episode, installed, multi_step_tasks
+from helpers_harness import ENDPOINT, EXPERT_TASKS, check_expert_episode, installed, multi_step_tasks, tools_called
 
 from clawgym_env.envs.runtime import RolloutPool
 from clawgym_env.errors import HarnessError
-from clawgym_env.harness import Endpoint
 from clawgym_env.plugins import harnesses
 from harness_adapters.gemini_cli import PACKAGE, GeminiCliAdapter, parse_output
 from harness_adapters.install import prefix_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
-EXPERT_TASKS = ["backup_and_edit_config", "archive_site", "implement_function"]  # shell+read; +write; overwrite
-ENDPOINT = Endpoint(base_url="http://127.0.0.1:18080/ep/tok123/v1", api_key="tok123")
 STREAM_ROUTE = "beta/models/clawgym-policy:streamGenerateContent"  # after /ep/<token>/v1
 
 
 @pytest.fixture(scope="module")
 def gemini():
     return installed("gemini-cli")
-
-
-def _tools_called(calls) -> set[str]:
-    return {tc["function"]["name"] for c in calls for tc in c.response_message.get("tool_calls") or []}
 
 
 # -- launch and output, without running anything ---------------------------------------------------
@@ -88,9 +81,9 @@ def test_expert_solves_multi_step_tasks(gemini, expert_runtime, builtin_suite, t
                   for p in content["parts"] if "functionResponse" in p]
         assert echoed == ids  # the CLI answers each call by the id the proxy gave it
         assert re.fullmatch(r"/ep/[^/]+/v1beta/models/clawgym-policy:streamGenerateContent", first.path)
-    assert {"run_shell_command", "read_file"} <= _tools_called(results[0].calls)
-    assert {"run_shell_command", "write_file"} <= _tools_called(results[1].calls)
-    assert "write_file" in _tools_called(results[2].calls)
+    assert {"run_shell_command", "read_file"} <= tools_called(results[0].calls)
+    assert {"run_shell_command", "write_file"} <= tools_called(results[1].calls)
+    assert "write_file" in tools_called(results[2].calls)
 
 
 def test_expert_over_the_v1_api(gemini, expert_runtime, builtin_suite, tokenizer):

@@ -7,23 +7,27 @@ import json
 import os
 import shutil
 import subprocess
-import uuid
 
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
-from helpers_harness import hanging_script, marked_task, multi_step_tasks
+from helpers_harness import (
+    ENDPOINT,
+    EXPERT_TASKS,
+    PYPI_OFFLINE_HINTS,
+    check_wrong_token_episode,
+    hanging_episode,
+    installed,
+    multi_step_tasks,
+)
 
 import clawgym_env  # noqa: F401 - registers the env ids
 from clawgym_env.capture.tree import CallTree
 from clawgym_env.envs.env import ClawGymEnv
-from clawgym_env.envs.runtime import RolloutPool, Runtime
+from clawgym_env.envs.runtime import RolloutPool
 from clawgym_env.errors import HarnessError
-from clawgym_env.harness import Endpoint
-from clawgym_env.plugins import make_harness
 from clawgym_env.policy.base import GenerationContext
 from clawgym_env.policy.scripted import ScriptedPolicy, submit_command
-from clawgym_env.testing import Marked, Watch, assert_no_survivors
 from harness_adapters.mini_swe_agent import (
     PACKAGE,
     SUBMIT_SENTINEL,
@@ -35,23 +39,10 @@ from harness_adapters.pypi import base_prefix, venv_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
-EXPERT_TASKS = ["backup_and_edit_config", "archive_site", "implement_function"]  # read, write, overwrite via bash
-ENDPOINT = Endpoint(base_url="http://127.0.0.1:18080/ep/tok123/v1", api_key="tok123")
-OFFLINE_HINTS = ("No matching distribution", "Could not find a version", "Failed to establish a new connection",
-                 "Temporary failure in name resolution", "Network is unreachable", "No module named pip",
-                 "ensurepip")
-
 
 @pytest.fixture(scope="module")
 def msa():
-    adapter = make_harness("mini-swe-agent")
-    try:
-        adapter.install()
-    except HarnessError as exc:
-        if any(h in str(exc) for h in OFFLINE_HINTS):
-            pytest.skip(f"cannot install mini-swe-agent (pip, venv or the package index is unavailable): {exc}")
-        raise
-    return adapter
+    return installed("mini-swe-agent", offline_hints=PYPI_OFFLINE_HINTS, installer="pip, venv or the package index")
 
 
 def _commands(calls) -> list[str]:
@@ -179,27 +170,11 @@ def test_env_passes_check_env_and_returns_an_episode(msa, tmp_path):
 
 @pytest.mark.slow
 def test_hanging_harness_times_out_with_logs_and_leaves_no_process(msa, builtin_suite, tmp_path):
-    marker = uuid.uuid4().hex
-    script = hanging_script(tmp_path, marker, steps=3)
-    task = marked_task(builtin_suite.get("csv_total"), marker, timeout_s=15)
     slow = MiniSweAgentAdapter(command_timeout_s=120)  # the command outlives the episode, not mini's own timeout
-    with Runtime(f"scripted:file:{script}", out_dir=tmp_path / "eps") as rt:
-        with Watch(marker) as watch:
-            res = rt.run(task, Marked(slow, marker))
-    rec = res.record
-    assert watch.seen, "the harness's processes were visible to the survivor check while it ran"
-    assert rec.status == "timeout", (rec.status, rec.error, rec.logs)
-    assert rec.num_calls == 1 and rec.reward < 1.0
-    assert marker in rec.logs["stdout"], "mini's console log shows the hanging command"
-    assert_no_survivors(marker)
+    res, marker = hanging_episode(slow, builtin_suite, tmp_path, steps=3, timeout_s=15)
+    assert res.record.num_calls == 1
+    assert marker in res.record.logs["stdout"], "mini's console log shows the hanging command"
 
 
 def test_wrong_token_is_an_infra_failure_with_logs(msa, expert_runtime, builtin_suite):
-    marker = uuid.uuid4().hex
-    task = marked_task(builtin_suite.get("csv_total"), marker)
-    res = expert_runtime.run(task, Marked(msa, marker, wrong_token=True))
-    rec = res.record
-    assert rec.status == "infra_error" and rec.failure_boundary == "harness", (rec.status, rec.logs)
-    assert rec.num_calls == 0 and rec.final_message is None and rec.reward < 1.0
-    assert "NotFoundError" in rec.logs["stdout"] + rec.logs["stderr"], rec.logs
-    assert_no_survivors(marker)
+    check_wrong_token_episode(msa, expert_runtime, builtin_suite, evidence="NotFoundError")

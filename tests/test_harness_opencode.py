@@ -5,26 +5,27 @@ token-exact, OpenCode's title call a side call and its agent's calls one extendi
 from __future__ import annotations
 
 import json
-import re
 import shutil
-import uuid
 
 import pytest
-from helpers_harness import DNS_FAILURES, hanging_script, installed, marked_task, multi_step_tasks
+from helpers_harness import (
+    ENDPOINT,
+    EXPERT_TASKS,
+    check_main_thread_episode,
+    check_wrong_token_episode,
+    hanging_episode,
+    installed,
+    multi_step_tasks,
+    tools_called,
+)
 
-from clawgym_env.envs.runtime import RolloutPool, Runtime
+from clawgym_env.envs.runtime import RolloutPool
 from clawgym_env.errors import HarnessError
-from clawgym_env.harness import Endpoint
-from clawgym_env.testing import Marked, Watch, assert_no_survivors
 from harness_adapters.install import prefix_for
 from harness_adapters.opencode import PACKAGE, OpenCodeAdapter
 from harness_adapters.opencode.events import parse_events
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
-
-EXPERT_TASKS = ["backup_and_edit_config", "archive_site", "implement_function"]  # shell+read; +write; overwrite
-ENDPOINT = Endpoint(base_url="http://127.0.0.1:18080/ep/tok123/v1", api_key="tok123")
-ROUTES = {"openai_chat": "/chat/completions", "openai_responses": "/responses", "anthropic_messages": "/messages"}
 
 
 @pytest.fixture(scope="module")
@@ -33,31 +34,8 @@ def opencode():
 
 
 def check_opencode_episode(res, tokenizer, dialect: str = "openai_chat", *, title_call: bool = True) -> None:
-    """A solved episode: every call through the episode's proxy path and token-exact, the title call (when
-    OpenCode makes one) a side call, the rest one main thread that extends call by call and ends in the answer."""
-    rec = res.record
-    assert rec.status == "ok" and rec.reward == 1.0, (rec.task_id, rec.status, rec.error, rec.subscores, rec.logs)
-    assert rec.num_calls == len(res.calls) >= 3
-    paths = {c.path for c in res.calls}
-    assert len(paths) == 1 and re.fullmatch(r"/ep/[^/]+/v1" + re.escape(ROUTES[dialect]), paths.pop())
-    assert {c.dialect for c in res.calls} == {dialect}
-    for call in res.calls:
-        assert call.prompt_token_ids and call.output_token_ids and call.token_exact, call.token_exact_reason
-        assert len(call.output_logprobs) == len(call.output_token_ids)
-        assert call.kind_reason.startswith("opencode: "), call.kind_reason
-    side = [c for c in res.calls if c.kind == "side"]
-    main = sorted((c for c in res.calls if c.kind == "main"), key=lambda c: c.call_index)
-    assert len(side) == (1 if title_call else 0) and len(main) == len(res.calls) - len(side), \
-        [(c.kind, c.kind_reason) for c in res.calls]
-    assert all(not c.request.get("tools") for c in side) and all(c.request.get("tools") for c in main)
-    for prev, nxt in zip(main, main[1:]):  # the main thread: each call's prompt continues the previous turn
-        head = prev.prompt_token_ids + prev.output_token_ids
-        assert nxt.prompt_token_ids[:len(head)] == head, (prev.call_index, nxt.call_index)
-    assert all(c.finish_reason == "tool_calls" for c in main[:-1]) and main[-1].finish_reason == "stop"
-    last = tokenizer.decode(main[-1].output_token_ids, skip_special_tokens=True)
-    assert rec.final_message and rec.final_message.strip() in last
-    logs = rec.logs.get("stdout", "") + rec.logs.get("stderr", "")
-    assert not DNS_FAILURES.search(logs), "the harness tried to resolve a host name: " + logs[-2000:]
+    """A solved episode (:func:`check_main_thread_episode`), the title call (when OpenCode makes one) a side call."""
+    check_main_thread_episode(res, tokenizer, harness="opencode", dialect=dialect, side_calls=1 if title_call else 0)
 
 
 # -- launch and output, without running anything ---------------------------------------------------
@@ -120,8 +98,7 @@ def test_expert_solves_multi_step_tasks(opencode, expert_runtime, builtin_suite,
         check_opencode_episode(res, tokenizer)
         offered = {t["function"]["name"] for c in res.calls if c.kind == "main" for t in c.request["tools"]}
         assert {"bash", "read", "write"} <= offered
-    called = [{tc["function"]["name"] for c in r.calls for tc in c.response_message.get("tool_calls") or []}
-              for r in results]
+    called = [tools_called(r.calls) for r in results]
     assert {"bash", "read"} <= called[0] and "write" in called[1] | called[2]
 
 
@@ -146,26 +123,9 @@ def test_leading_dash_instruction_reaches_the_model_and_title_removes_the_side_c
 
 @pytest.mark.slow
 def test_hanging_harness_times_out_with_logs_and_leaves_no_process(opencode, builtin_suite, tmp_path):
-    marker = uuid.uuid4().hex
-    script = hanging_script(tmp_path, marker, steps=3)
-    task = marked_task(builtin_suite.get("csv_total"), marker, timeout_s=20)
-    with Runtime(f"scripted:file:{script}", out_dir=tmp_path / "eps") as rt:
-        with Watch(marker) as watch:
-            res = rt.run(task, Marked(opencode, marker))
-    rec = res.record
-    assert watch.seen, "the harness's processes were visible to the survivor check while it ran"
-    assert rec.status == "timeout", (rec.status, rec.error, rec.logs)
-    assert rec.reward < 1.0 and marker in rec.logs["stdout"] + json.dumps([c.response_message for c in res.calls])
-    assert_no_survivors(marker)
+    res, marker = hanging_episode(opencode, builtin_suite, tmp_path, steps=3, timeout_s=20)
+    assert marker in res.record.logs["stdout"] + json.dumps([c.response_message for c in res.calls])
 
 
 def test_wrong_token_is_an_infra_failure_with_logs(opencode, expert_runtime, builtin_suite):
-    marker = uuid.uuid4().hex
-    task = marked_task(builtin_suite.get("csv_total"), marker)
-    res = expert_runtime.run(task, Marked(opencode, marker, wrong_token=True))
-    rec = res.record
-    # every request was refused before the model answered: not the agent's failure, never trained
-    assert rec.status == "infra_error" and rec.failure_boundary == "harness", (rec.status, rec.logs)
-    assert rec.num_calls == 0 and rec.final_message is None and rec.reward < 1.0
-    assert "404" in rec.logs["stdout"] + rec.logs["stderr"], rec.logs
-    assert_no_survivors(marker)
+    check_wrong_token_episode(opencode, expert_runtime, builtin_suite, evidence="404")

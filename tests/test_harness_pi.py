@@ -5,27 +5,27 @@ the main agent's (pi makes no side calls), one extending main thread."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
-import uuid
 
 import pytest
-from helpers_harness import DNS_FAILURES, installed, marked_task, multi_step_tasks
+from helpers_harness import (
+    ENDPOINT,
+    EXPERT_TASKS,
+    check_main_thread_episode,
+    check_wrong_token_episode,
+    installed,
+    multi_step_tasks,
+    tools_called,
+)
 
 from clawgym_env.envs.runtime import RolloutPool
 from clawgym_env.errors import HarnessError
-from clawgym_env.harness import Endpoint
-from clawgym_env.testing import Marked, assert_no_survivors
 from harness_adapters.install import prefix_for
 from harness_adapters.pi import PACKAGE, PiAdapter
 from harness_adapters.pi.events import parse_events
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
-
-EXPERT_TASKS = ["backup_and_edit_config", "archive_site", "implement_function"]  # shell+read; +write; overwrite
-ENDPOINT = Endpoint(base_url="http://127.0.0.1:18080/ep/tok123/v1", api_key="tok123")
-ROUTES = {"openai_chat": "/chat/completions", "openai_responses": "/responses", "anthropic_messages": "/messages"}
 
 
 @pytest.fixture(scope="module")
@@ -34,27 +34,8 @@ def pi():
 
 
 def check_pi_episode(res, tokenizer, dialect: str = "openai_chat") -> None:
-    """A solved episode: every call through the episode's proxy path, token-exact and marked main by the
-    adapter, each call's prompt continuing the previous turn, the last one holding the final answer."""
-    rec = res.record
-    assert rec.status == "ok" and rec.reward == 1.0, (rec.task_id, rec.status, rec.error, rec.subscores, rec.logs)
-    assert rec.num_calls == len(res.calls) >= 3
-    paths = {c.path for c in res.calls}
-    assert len(paths) == 1 and re.fullmatch(r"/ep/[^/]+/v1" + re.escape(ROUTES[dialect]), paths.pop())
-    assert {c.dialect for c in res.calls} == {dialect}
-    calls = sorted(res.calls, key=lambda c: c.call_index)
-    for call in calls:
-        assert call.prompt_token_ids and call.output_token_ids and call.token_exact, call.token_exact_reason
-        assert len(call.output_logprobs) == len(call.output_token_ids)
-        assert call.kind == "main" and call.kind_reason.startswith("pi: "), (call.kind, call.kind_reason)
-    for prev, nxt in zip(calls, calls[1:]):
-        head = prev.prompt_token_ids + prev.output_token_ids
-        assert nxt.prompt_token_ids[:len(head)] == head, (prev.call_index, nxt.call_index)
-    assert all(c.finish_reason == "tool_calls" for c in calls[:-1]) and calls[-1].finish_reason == "stop"
-    last = tokenizer.decode(calls[-1].output_token_ids, skip_special_tokens=True)
-    assert rec.final_message and rec.final_message.strip() in last
-    logs = rec.logs.get("stdout", "") + rec.logs.get("stderr", "")
-    assert not DNS_FAILURES.search(logs), "the harness tried to resolve a host name: " + logs[-2000:]
+    """A solved episode (:func:`check_main_thread_episode`) in which every call is the main agent's."""
+    check_main_thread_episode(res, tokenizer, harness="pi", dialect=dialect)
 
 
 # -- launch and output, without running anything ---------------------------------------------------
@@ -122,8 +103,7 @@ def test_expert_solves_multi_step_tasks(pi, expert_runtime, builtin_suite, token
     for res in results:
         check_pi_episode(res, tokenizer)
         assert {"bash", "read", "write", "edit"} <= {t["function"]["name"] for t in res.calls[0].request["tools"]}
-    called = [{tc["function"]["name"] for c in r.calls for tc in c.response_message.get("tool_calls") or []}
-              for r in results]
+    called = [tools_called(r.calls) for r in results]
     assert {"bash", "read"} <= called[0] and "write" in called[1] | called[2]
 
 
@@ -146,11 +126,4 @@ def test_leading_dash_instruction_reaches_the_model_verbatim(pi, expert_runtime,
 
 
 def test_wrong_token_is_an_infra_failure_with_logs(pi, expert_runtime, builtin_suite):
-    marker = uuid.uuid4().hex
-    task = marked_task(builtin_suite.get("csv_total"), marker)
-    res = expert_runtime.run(task, Marked(pi, marker, wrong_token=True))
-    rec = res.record
-    assert rec.status == "infra_error" and rec.failure_boundary == "harness", (rec.status, rec.logs)
-    assert rec.num_calls == 0 and rec.final_message is None and rec.reward < 1.0
-    assert "404" in rec.logs["stdout"] + rec.logs["stderr"], rec.logs
-    assert_no_survivors(marker)
+    check_wrong_token_episode(pi, expert_runtime, builtin_suite, evidence="404")
