@@ -22,7 +22,8 @@ For each model shape (``--models``) it runs the project's own code paths, nothin
    (trunk forward/backward split by hooks on the trunk and the optimiser, synchronised).
 
 Prints ONE JSON object (:class:`SmokeReport`) and writes it under ``--out`` (``gpu_smoke_<device>.json``); exits 1
-when a check failed (a comparison out of tolerance, a non-finite loss, no weight change). Peak memory is
+when a check failed (a comparison out of tolerance, a non-finite loss, no weight change) or a shape's run raised
+(``failures``, its traceback on stderr; the next shape still runs). Peak memory is
 ``torch.cuda.max_memory_allocated`` per model on a GPU, the process's peak RSS on a CPU.
 """
 
@@ -40,6 +41,7 @@ import resource
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -349,10 +351,17 @@ def run_model(mode: str, shape: Shape, *, device, dtype: str, updates: int, work
                          parameters=sum(p.numel() for p in policy.module.parameters()), init="meta", phases=phases,
                          flex_vs_dense=comparison, update=update, peak_memory_gib=peak_gib(device), ok=ok)
     del policy, optimizer, pack, small
+    free_device(device)
+    return report
+
+
+def free_device(device) -> None:
+    """Drop collected tensors and hand cached GPU memory back (between shapes)."""
+    import torch
+
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return report
 
 
 def device_info(device) -> DeviceInfo:
@@ -395,15 +404,25 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(a.device)
     dtype = a.dtype or ("float32" if a.tiny else "bfloat16")
     start = time.perf_counter()
+    models: list[ModelReport] = []
+    failures: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="gpu-smoke-") as tmp:
-        models = [run_model(mode, SHAPES[mode][n], device=device, dtype=dtype, updates=a.updates, workdir=Path(tmp))
-                  for n in names]
+        for n in names:
+            shape = SHAPES[mode][n]
+            try:
+                models.append(run_model(mode, shape, device=device, dtype=dtype, updates=a.updates,
+                                        workdir=Path(tmp)))
+            except Exception as exc:  # noqa: BLE001 - reported (traceback on stderr); the next shape still runs
+                traceback.print_exc()
+                failures[shape.name] = f"{type(exc).__name__}: {exc}"[:2000]
+                free_device(device)
     wall = time.perf_counter() - start
     info = device_info(device)
     report = SmokeReport(mode=mode, sizes=SIZES[mode], device=info, dtype=dtype, gradient_checkpointing=True,
                          peak_memory_kind="cuda max_memory_allocated per model" if device.type == "cuda"
-                         else "process peak RSS (cumulative)", models=models, wall_s=wall, budget_s=BUDGET_S[mode],
-                         within_budget=wall <= BUDGET_S[mode], ok=all(m.ok for m in models))
+                         else "process peak RSS (cumulative)", models=models, failures=failures, wall_s=wall,
+                         budget_s=BUDGET_S[mode], within_budget=wall <= BUDGET_S[mode],
+                         ok=not failures and all(m.ok for m in models))
     text = report.model_dump_json()
     print(text)
     out = Path(a.out)

@@ -174,6 +174,8 @@ class SmokeReport(BaseModel):
     gradient_checkpointing: bool
     peak_memory_kind: str
     models: list[ModelReport]
+    failures: dict[str, str]
+    """shape name -> the exception that stopped its run (with its traceback on stderr); the other shapes still ran"""
     wall_s: float
     budget_s: float
     within_budget: bool

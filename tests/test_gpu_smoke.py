@@ -26,8 +26,8 @@ COMPARISON = {"tokens", "trainable_tokens", "candidate", "reference", "logprob_m
               "flex_backward", "flex_backward_note", "grad_candidate", "grad_rel_err", "grad_cosine",
               "tol_logprob_abs", "tol_grad_rel_err", "min_grad_cosine", "ok"}
 MODEL = {"shape", "architecture", "parameters", "init", "phases", "flex_vs_dense", "update", "peak_memory_gib", "ok"}
-TOP = {"mode", "sizes", "device", "dtype", "gradient_checkpointing", "peak_memory_kind", "models", "wall_s",
-       "budget_s", "within_budget", "ok"}
+TOP = {"mode", "sizes", "device", "dtype", "gradient_checkpointing", "peak_memory_kind", "models", "failures",
+       "wall_s", "budget_s", "within_budget", "ok"}
 
 
 @pytest.mark.slow
@@ -47,7 +47,8 @@ def test_tiny_smoke_runs_and_reports_every_field(tmp_path):
     assert written == printed
     assert set(printed) == TOP
     report = SmokeReport.model_validate(printed)
-    assert report.ok and report.mode == "tiny" and report.device.type == "cpu" and report.dtype == "float32"
+    assert report.ok and not report.failures and report.mode == "tiny"
+    assert report.device.type == "cpu" and report.dtype == "float32"
     assert [m.architecture for m in report.models] == ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
     assert [m.shape for m in report.models] == [SHAPES["tiny"]["dense"], SHAPES["tiny"]["moe"]]
     sizes = SIZES["tiny"]
@@ -93,6 +94,23 @@ def test_comparison_fails_on_a_wrong_mask_and_init_gaps_are_errors(tmp_path, mon
     monkeypatch.setattr(type(fresh.causal_lm), "init_weights", lambda self: None)
     with pytest.raises(RuntimeError, match="unset"):
         gpu_smoke.materialize(fresh, cpu, seed=0)
+
+
+def test_a_failing_shape_is_reported_and_the_next_still_runs(tmp_path, monkeypatch, capsys):
+    from bench import gpu_smoke
+
+    tried = []
+
+    def fails(mode, shape, **_):
+        tried.append(shape.name)
+        raise RuntimeError(f"out of memory in {shape.name}")
+
+    monkeypatch.setattr(gpu_smoke, "run_model", fails)
+    assert gpu_smoke.main(["--tiny", "--device", "cpu", "--out", str(tmp_path)]) == 1
+    report = SmokeReport.model_validate_json(next(tmp_path.glob("gpu_smoke_tiny_*.json")).read_text())
+    assert tried == ["tiny-qwen3", "tiny-qwen3-moe"] and not report.ok and report.models == []
+    assert report.failures == {n: f"RuntimeError: out of memory in {n}" for n in tried}
+    assert "Traceback" in capsys.readouterr().err
 
 
 def test_update_phases_from_events():
