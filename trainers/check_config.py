@@ -9,7 +9,9 @@ What is checked (each failure a :class:`~clawgym_env.errors.ConfigError` that na
   most the positions of ``policy.model`` — its ``config.json`` ``max_position_embeddings`` (a ``tiny*`` model: its
   own config), or with ``policy.rope_scaling`` the YaRN length ``factor × original_max_position_embeddings``
   (:mod:`clawgym_env.policy.rope`). Past them the trainer would run positions unscaled and vLLM refuses the length;
-  the error gives the exact YAML to add.
+  the error gives the exact YAML to add;
+* ``scale.generation.sleep: true`` only where the vLLM engines run on a GPU (vLLM's sleep mode needs its CUDA memory
+  pool; the CPU engine refuses it).
 
 Only ``config.json`` is read from a model folder (no weights, no tokenizer), so a recipe can be checked on a machine
 without the model's weights. ``clawgym train`` runs :func:`check_context` too, before anything is loaded.
@@ -110,4 +112,11 @@ def check_config(args: Any) -> list[str]:
     result = check_context(args)
     if result is not None:
         lines.append(result.describe())
+    generation = getattr(getattr(args, "scale", None), "generation", None)
+    if generation is not None:
+        from trainers.rollouts.generation import check_sleep
+
+        sleeping = check_sleep(generation)  # sleep: true needs GPU engines
+        if sleeping:
+            lines.append(sleeping)
     return lines

@@ -257,9 +257,10 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
             row["masked_inexact_tokens"] = sum(p.masked_inexact_tokens for p in packs)
             row.update(pack_stats(packs).as_metrics())
             if packs:
-                row.update(grpo_update(policy, optimizer, packs, args))
-                version += 1
-                ranks.sync.push(policy, version)
+                with ranks.sync.updating():  # colocated engines sleep through the update, wake for the push
+                    row.update(grpo_update(policy, optimizer, packs, args))
+                    version += 1
+                    ranks.sync.push(policy, version)
             row["version"] = version
             if main and eval_tasks and args.eval.every and (step % args.eval.every == 0 or step == args.steps):
                 row.update(evaluate_harnesses(rt, eval_tasks, eval_harnesses(args.eval.harness, args.harnesses),

@@ -238,21 +238,23 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, echo=print) -> T
             packs = rollout_packs(trees, args.max_pack_tokens, device=policy.device)
             row.update(pack_stats(packs).as_metrics())
             pretrain = step <= args.value_pretrain_steps
-            model = policy.causal_lm
-            model.eval()
-            critic.eval()
-            targets = prepare(model, critic, packs, args, policy.vocab_limit, policy_root=policy.module)
-            if args.kl_coef > 0 and not pretrain:
-                with policy.reference() as ref:
-                    add_reference(targets, ref, args, policy.vocab_limit, root=ref_root)
-            model.train()
-            critic.train()  # a separate critic's trunk checkpoints activations only in training mode
-            t1 = time.perf_counter()
-            stats = update(model, critic, targets, args, optimizer, pretrain=pretrain, vocab_limit=policy.vocab_limit,
-                           policy_root=policy.module)
-            if stats and not pretrain:
-                version += 1
-                ranks.sync.push(policy, version)
+            # colocated engines sleep through the update (forwards included) and wake for the push
+            with ranks.sync.updating() if not pretrain else contextlib.nullcontext():
+                model = policy.causal_lm
+                model.eval()
+                critic.eval()
+                targets = prepare(model, critic, packs, args, policy.vocab_limit, policy_root=policy.module)
+                if args.kl_coef > 0 and not pretrain:
+                    with policy.reference() as ref:
+                        add_reference(targets, ref, args, policy.vocab_limit, root=ref_root)
+                model.train()
+                critic.train()  # a separate critic's trunk checkpoints activations only in training mode
+                t1 = time.perf_counter()
+                stats = update(model, critic, targets, args, optimizer, pretrain=pretrain,
+                               vocab_limit=policy.vocab_limit, policy_root=policy.module)
+                if stats and not pretrain:
+                    version += 1
+                    ranks.sync.push(policy, version)
             row.update(batch_metrics(targets, args.is_clip), **stats, trees=len(trees), packs=len(packs),
                        phase="value_pretrain" if pretrain else "ppo", version=version,
                        train_s=time.perf_counter() - t1)

@@ -9,7 +9,12 @@ into a :class:`ServingSync`: ``.serving`` is the policy the rollouts use (give i
   ``replicas`` vLLM servers start on it (in parallel, each from the vLLM venv, ``tensor_parallel_size``
   devices each); rollouts go through a :class:`~clawgym_env.policy.replicas.ReplicaPolicy` (episode-sticky,
   version-gated); weights are synced by :class:`~trainers.scale.weight_sync.VLLMSync` (``sync``: ``inplace`` reload,
-  ``restart``, or ``collective`` broadcast; ``auto`` = inplace unless the model ties its embeddings).
+  ``restart``, ``collective`` broadcast, or ``lora``: adapters only, hot-loaded; ``auto`` = lora for a LoRA policy
+  whose adapters vLLM serves, else inplace unless the model ties its embeddings, then restart). Under ``lora`` the
+  ``v0`` folder is the frozen base (no adapter merged) and the adapters of ``v0`` are loaded before anything samples.
+* ``sleep: true`` (engines sharing the trainer's GPU): the engines sleep through each update (the loop runs it and
+  its push inside ``sync.updating()``) and wake before the new weights are pushed; refused before anything starts
+  where the engines have no GPU.
 
 Invariants: every server started is stopped when the context exits, also on error and when a later
 server fails to start; under several trainer ranks every rank enters the context (the initial weights
@@ -29,12 +34,14 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from clawgym_env.errors import ConfigError, PolicyError
+from trainers.scale.lora_sync import adapter_problem, adapter_tensors, base_weights, write_adapter_dir
 from trainers.scale.serving_names import serving_dtype
 from trainers.scale.weight_sync import (
     GatherOnlySync,
     InProcessSync,
     VLLMSync,
     serving_weights,
+    torch_dtype,
     trainer_rank,
     write_model_dir,
 )
@@ -59,12 +66,19 @@ class GenerationConfig:
     (``CUDA_VISIBLE_DEVICES`` of each); None: every engine sees this process's GPUs"""
     max_model_len: int | None = None
     """with ``vllm``: prompt + completion tokens an engine serves; None: the trainer's ``max_context_tokens``"""
-    sync: Literal["auto", "inplace", "restart", "collective"] = "auto"
+    sync: Literal["auto", "inplace", "restart", "collective", "lora"] = "auto"
     """with ``vllm``, how new weights reach the engines: ``inplace`` (write a model folder, engines reload it
     without restarting), ``restart`` (engines restart on it: slow, always correct), ``collective`` (broadcast
     over a gloo/NCCL group into the workers, no files; CPU: gloo; with NCCL the engines need GPUs other than
-    trainer rank 0's, as NCCL refuses two ranks on one GPU: on one shared GPU use inplace), ``auto``: inplace
-    unless the model ties its input/output embeddings (vLLM 0.32 cannot reload those in place), then restart"""
+    trainer rank 0's, as NCCL refuses two ranks on one GPU: on one shared GPU use inplace), ``lora`` (with
+    ``policy.lora_rank > 0``: the engines serve the frozen base and hot-load only the adapters, peft's format, under a
+    new name per version; no full model is written or re-read), ``auto``: lora for a LoRA policy whose adapters vLLM
+    serves (not DoRA, embeddings or fused MoE experts), else inplace unless the model ties its input/output embeddings
+    (vLLM 0.32 cannot reload those in place), then restart"""
+    sleep: bool = False
+    """with ``vllm`` on a GPU shared with the trainer: the engines sleep (weights offloaded to host memory, KV cache
+    dropped; vLLM ``--enable-sleep-mode`` level 1) during each update's forward/backward and wake before the new
+    weights reach them; no call samples while they sleep (calls wait). GPU engines only"""
     collective_backend: Literal["auto", "gloo", "nccl"] = "auto"
     """with ``sync: collective``: the group's backend (``auto``: nccl when CUDA is available, else gloo)"""
     dtype: str = "auto"
@@ -92,8 +106,11 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("transformers", "vllm"):
             raise ValueError(f"generation.backend must be 'transformers' or 'vllm', not {self.backend!r}")
-        if self.sync not in ("auto", "inplace", "restart", "collective"):
-            raise ValueError(f"generation.sync must be auto, inplace, restart or collective, not {self.sync!r}")
+        if self.sync not in ("auto", "inplace", "restart", "collective", "lora"):
+            raise ValueError(f"generation.sync must be auto, inplace, restart, collective or lora, not {self.sync!r}")
+        if self.sleep and self.backend != "vllm":
+            raise ValueError("generation.sleep: true puts vLLM engines to sleep; it needs generation.backend: vllm "
+                             "(or drop sleep)")
         if self.collective_backend not in ("auto", "gloo", "nccl"):
             raise ValueError("generation.collective_backend must be auto, gloo or nccl, not "
                              f"{self.collective_backend!r}")
@@ -121,6 +138,11 @@ class ServingSync(Protocol):
         """Per-step figures to log (weight-sync timings, prefix-cache hit rates)."""
         ...
 
+    def updating(self) -> contextlib.AbstractContextManager[None]:
+        """The context a loop runs each update's forward/backward and its ``push`` in (the engines sleep in it with
+        ``sleep: true`` until the push; else nothing)."""
+        ...
+
 
 def _server_args(cfg: GenerationConfig) -> list[str]:
     import torch
@@ -134,7 +156,7 @@ def _server_args(cfg: GenerationConfig) -> list[str]:
 
 
 def _start_servers(cfg: GenerationConfig, model_dir: Path, max_model_len: int, logs: Path,
-                   worker_extension: bool, rope_scaling: Any = None) -> list[Any]:
+                   worker_extension: bool, rope_scaling: Any = None, lora_rank: int = 0) -> list[Any]:
     """Start ``cfg.replicas`` servers in parallel; on any failure stop them all and raise."""
     from clawgym_env.policy.vllm.server import VLLMServer
 
@@ -149,7 +171,8 @@ def _start_servers(cfg: GenerationConfig, model_dir: Path, max_model_len: int, l
                                   kv_cache_gib=cfg.kv_cache_gib,
                                   enforce_eager=cfg.enforce_eager, extra_args=_server_args(cfg), env=env,
                                   log_path=logs / f"vllm-replica{i}.log", startup_timeout_s=cfg.startup_timeout_s,
-                                  worker_extension=worker_extension, rope_scaling=rope_scaling))
+                                  worker_extension=worker_extension, rope_scaling=rope_scaling,
+                                  lora_rank=lora_rank, sleep_mode=cfg.sleep))
     with cf.ThreadPoolExecutor(max_workers=len(servers)) as pool:
         futures = [pool.submit(s.start) for s in servers]
         errors = [f.exception() for f in futures]
@@ -159,6 +182,32 @@ def _start_servers(cfg: GenerationConfig, model_dir: Path, max_model_len: int, l
             s.stop()
         raise PolicyError(f"{len(failed)} of {len(servers)} vLLM engines failed to start: {failed[0]}")
     return servers
+
+
+def uses_adapters(cfg: GenerationConfig, policy: Any) -> bool:
+    """Whether ``cfg`` syncs ``policy`` by adapters only (``sync: lora``, or ``auto`` under LoRA when vLLM serves its
+    adapters); the same answer on every rank. ``sync: lora`` that cannot be is a :class:`ConfigError` naming why."""
+    if cfg.sync not in ("auto", "lora"):
+        return False
+    problem = adapter_problem(policy)
+    if cfg.sync == "lora" and problem is not None:
+        raise ConfigError(f"generation.sync: lora cannot serve this policy: {problem}; use sync: auto (merged weights)")
+    return problem is None
+
+
+def check_sleep(cfg: GenerationConfig) -> str | None:
+    """With ``sleep: true``, a :class:`ConfigError` unless the engines run on a GPU (vLLM's sleep mode needs its CUDA
+    memory pool; the CPU engine refuses it at start); the line ``--check-config`` prints, else None."""
+    if not cfg.sleep or cfg.backend != "vllm":
+        return None
+    import torch
+
+    from clawgym_env.policy.vllm.admin import sleep_mode_problem
+
+    problem = sleep_mode_problem(cuda=torch.cuda.is_available())
+    if problem is not None:
+        raise ConfigError(problem)
+    return "generation: the vLLM engines sleep through each update (level 1) and wake before the weights are pushed"
 
 
 def _sync_method(cfg: GenerationConfig, model_dir: Path) -> str:
@@ -198,18 +247,24 @@ def open_generation(cfg: GenerationConfig, policy: Any, out_dir: str | os.PathLi
         return
     from clawgym_env.policy.replicas import ReplicaPolicy
 
+    check_sleep(cfg)  # before anything is written or started
     root = Path(out_dir) / "serving"
-    state = serving_weights(policy)  # every rank: a collective under FSDP (rank 0's CPU gets the weights)
-    if trainer_rank() != 0:
-        yield GatherOnlySync()
-        return
+    adapters = uses_adapters(cfg, policy)
+    # every rank: a collective under FSDP (rank 0's CPU gets the weights); under lora the engines serve the base
+    state = base_weights(policy) if adapters else serving_weights(policy)
     dtype = serving_dtype(cfg.serving_dtype, cfg.dtype)
+    # v0's adapters (a resumed run's trained ones): gathered by every rank, written by rank 0
+    adapter0 = write_adapter_dir(policy, root / "lora-v0", dtype=torch_dtype(dtype)) if adapters else None
+    if trainer_rank() != 0:
+        yield GatherOnlySync(gather=adapter_tensors) if adapters else GatherOnlySync()
+        return
     first = write_model_dir(state, policy.causal_lm, policy.tokenizer, root / "v0", dtype=dtype)
     del state
-    method = _sync_method(cfg, first)
+    method = "lora" if adapters else _sync_method(cfg, first)
     max_len = int(cfg.max_model_len or max_context_tokens)
-    servers = _start_servers(cfg, first, max_len, root, worker_extension=method == "collective",
-                             rope_scaling=getattr(policy.config, "rope_scaling", None))  # the trainer's own YaRN
+    rope = getattr(getattr(policy, "config", None), "rope_scaling", None)  # the trainer's own YaRN
+    servers = _start_servers(cfg, first, max_len, root, worker_extension=method == "collective", rope_scaling=rope,
+                             lora_rank=int(policy.config.lora_rank) if adapters else 0)
     serving: ReplicaPolicy | None = None
     sync: VLLMSync | None = None
     try:
@@ -224,7 +279,9 @@ def open_generation(cfg: GenerationConfig, policy: Any, out_dir: str | os.PathLi
                                             backend=_collective_backend(cfg), host=cfg.host,
                                             timeout_s=cfg.startup_timeout_s)
         sync = VLLMSync(serving, servers, method=method, root=root, model=policy.causal_lm, tokenizer=policy.tokenizer,
-                        broadcaster=broadcaster, keep=cfg.keep_versions, dtype=dtype)
+                        broadcaster=broadcaster, keep=cfg.keep_versions, dtype=dtype, sleep=cfg.sleep, engines=replicas)
+        if adapter0 is not None:  # served before anything samples
+            sync.serve_adapter(adapter0, 0)
         yield sync
     finally:
         if sync is not None:

@@ -18,13 +18,22 @@ the trainer's count of optimiser steps so far. Implementations:
   written as ``<root>/v<version>/`` (outside the gate, while rollouts still run) and every engine
   reloads them without a restart; ``restart``: every engine restarts on that folder; ``collective``:
   rank 0 broadcasts the tensors into the engines' workers
-  (:class:`~clawgym_env.policy.vllm.collective.WeightBroadcaster`), no files.
+  (:class:`~clawgym_env.policy.vllm.collective.WeightBroadcaster`), no files; ``lora`` (LoRA policies): the engines
+  serve the frozen base and only the adapters are written (``<root>/lora-v<version>/``, peft's format,
+  :mod:`trainers.scale.lora_sync`) and hot-loaded under a new name per version, which the replicas then request.
+  ``sleep=True`` (engines colocated with the trainer on its GPU): entering :meth:`VLLMSync.updating` puts every engine
+  to sleep before the update's forward/backward (generations wait; none samples while an engine sleeps), ``push``
+  wakes them before the new weights reach them, and leaving the block wakes them when no push did (no update, an
+  error).
 * :class:`GatherOnlySync` — a trainer rank other than 0: joins the gather, serves nothing.
 
 What reaches a vLLM engine (the ``v0`` folder it starts from, every folder and every broadcast) is in the serving
 layout of :mod:`trainers.scale.serving_names`: the names and shapes of the model's Hugging Face checkpoint (a
 Qwen3-MoE's fused experts split per expert), floating-point tensors in the serving dtype (``dtype``; the masters
 keep theirs). The in-process backend serves the trainer's own module layout and dtype.
+
+Every sync has ``updating()``, a context a loop runs each update and its ``push(policy, version)`` in (it does
+nothing but for a sleeping :class:`VLLMSync`).
 
 Invariants: after ``push(p, v)`` returns, every generation that starts later uses the pushed
 weights; versions served are strictly increasing; a push that fails raises
@@ -39,24 +48,27 @@ the other ranks return ``version`` after joining the gather.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from clawgym_env.errors import ConfigError, PolicyError
+from trainers.scale.lora_sync import write_adapter_dir
 from trainers.scale.serving_names import dtype_name, to_serving
 
 if TYPE_CHECKING:
     import torch
 
     from clawgym_env.policy.replicas import ReplicaPolicy
+    from clawgym_env.policy.vllm.backend import VLLMPolicy
     from clawgym_env.policy.vllm.collective import WeightBroadcaster
     from clawgym_env.policy.vllm.server import VLLMServer
 
-SYNC_METHODS = ("auto", "inplace", "restart", "collective")
+SYNC_METHODS = ("auto", "inplace", "restart", "collective", "lora")
 
 
 def serving_weights(policy: Any) -> dict[str, Any]:
@@ -106,6 +118,10 @@ class InProcessSync:
         """Nothing to report per step (the in-process backend has no engine statistics)."""
         return {}
 
+    def updating(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing to free around an update (the serving copy stays)."""
+        return contextlib.nullcontext()
+
     def close(self) -> None:
         """Nothing to release."""
 
@@ -133,6 +149,10 @@ class DirectorySync:
         self.keep = keep
         self.version = 0
 
+    def updating(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing to do around an update."""
+        return contextlib.nullcontext()
+
     def push(self, policy, version: int) -> int:
         """Save ``policy`` as the model directory ``v<version>`` under the root and notify the server."""
         if version <= self.version:
@@ -151,14 +171,22 @@ class DirectorySync:
 
 
 class GatherOnlySync:
-    """The sync of a trainer rank other than 0: ``push`` joins the collective gather of the serving weights
-    (``serving_state_dict()`` under FSDP) while rank 0 updates the engines; it serves nothing."""
+    """The sync of a trainer rank other than 0: ``push`` joins the collective gather rank 0 makes (``gather``: the
+    serving weights, ``serving_state_dict()`` under FSDP, by default; the adapters only under ``sync: lora``) while
+    rank 0 updates the engines; it serves nothing."""
 
     serving = None
 
+    def __init__(self, gather: Callable[[Any], object] | None = None) -> None:
+        self.gather = gather or serving_weights
+
+    def updating(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing: rank 0 puts the engines to sleep."""
+        return contextlib.nullcontext()
+
     def push(self, policy, version: int) -> int:
         """Join the gather; returns ``version``."""
-        serving_weights(policy)
+        self.gather(policy)
         return version
 
     def step_metrics(self) -> dict[str, float | None]:
@@ -222,16 +250,23 @@ class VLLMSync:
 
     ``serving`` routes the rollouts; ``servers`` are its engines; ``model`` is the trained causal LM (its
     config goes into each folder); ``root`` holds the version folders (the ``keep`` newest are kept, never
-    the one being served); ``broadcaster`` is required by ``method == "collective"``.
+    the one being served); ``broadcaster`` is required by ``method == "collective"``. ``method == "lora"``: the
+    ``engines`` (the :class:`~clawgym_env.policy.vllm.backend.VLLMPolicy` replicas of ``serving``, one per server) load
+    each adapter folder and request it by name. ``sleep``: the ``engines`` sleep from entering :meth:`updating` until
+    the next ``push`` (or the end of :meth:`updating`). ``lora`` and ``sleep`` need ``engines``.
     """
 
     def __init__(self, serving: ReplicaPolicy, servers: list[VLLMServer], *, method: str, root: str | Path,
                  model: Any = None, tokenizer: Any = None, broadcaster: WeightBroadcaster | None = None,
-                 keep: int = 2, dtype: str | None = None) -> None:
+                 keep: int = 2, dtype: str | None = None, sleep: bool = False,
+                 engines: list[VLLMPolicy] | None = None) -> None:
         if method not in SYNC_METHODS:
             raise ConfigError(f"unknown weight sync method {method!r}; use one of {SYNC_METHODS}")
         if method == "collective" and broadcaster is None:
             raise ConfigError("sync 'collective' needs a WeightBroadcaster (open_generation builds it)")
+        if (method == "lora" or sleep) and not engines:
+            raise ConfigError("sync 'lora' and sleep need the engines' VLLMPolicy replicas "
+                              "(open_generation passes them)")
         self.serving = serving
         self.servers = servers
         self.method = method
@@ -241,11 +276,88 @@ class VLLMSync:
         self.broadcaster = broadcaster
         self.keep = max(1, int(keep))
         self.dtype = None if dtype is None else dtype_name(dtype)
+        self.sleep = sleep
+        self.engines = list(engines or [])
+        self.asleep = False
+        self.adapter: Path | None = None
+        """under ``lora``: the adapter folder served"""
         self.last: dict[str, float] = {}
+        self._slept_s = 0.0
+
+    # -- sleep/wake around the update ----------------------------------------------------------------
+    @contextlib.contextmanager
+    def updating(self) -> Iterator[None]:
+        """With ``sleep``: every engine sleeps from here until :meth:`push` (or the block's end) wakes it; generations
+        wait meanwhile. Without ``sleep``: nothing."""
+        self._sleep()
+        try:
+            yield
+        finally:
+            self._wake()
+
+    def _sleep(self) -> None:
+        if not self.sleep or self.asleep:
+            return
+        t0 = time.monotonic()
+        self.asleep = True  # before the first engine sleeps: a failure below still wakes the others in push
+        for replica in self.engines:
+            replica.sleep()
+        self._slept_s = time.monotonic() - t0
+
+    def _wake(self) -> float:
+        """Wake every engine put to sleep (the trainer's freed cache goes back to the device first); the seconds."""
+        if not self.asleep:
+            return 0.0
+        t0 = time.monotonic()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the update's activations and gradients leave room for the engines' weights
+        for replica in self.engines:
+            replica.wake_up()
+        self.asleep = False
+        return time.monotonic() - t0
+
+    # -- LoRA adapters -------------------------------------------------------------------------------
+    def serve_adapter(self, folder: Path, version: int) -> str:
+        """Load the adapter ``folder`` into every engine as ``trainee-lora-v<version>`` and request it from now on
+        (the previous adapter is unloaded); call with no generation in flight (inside ``update_weights``)."""
+        name = f"trainee-lora-v{version}"
+        for replica in self.engines:
+            old = replica.model
+            replica.load_adapter(name, folder)
+            replica.serve_model(name)
+            if old.startswith("trainee-lora-v") and old != name:
+                replica.unload_adapter(old)
+        self.adapter = Path(folder).resolve()
+        return "lora"
 
     def push(self, policy, version: int) -> int:
-        """Serve ``policy``'s current weights as ``version`` on every engine (rank 0's part of a collective)."""
+        """Serve ``policy``'s current weights as ``version`` on every engine (rank 0's part of a collective);
+        sleeping engines are woken first."""
         t0 = time.monotonic()
+        try:
+            return self._push(policy, version, t0)
+        finally:
+            self._wake()  # never leave an engine asleep, also when the push failed
+
+    def _push(self, policy, version: int, t0: float) -> int:
+        if self.method == "lora":  # adapters only: every rank gathers them (the other ranks in GatherOnlySync)
+            written_to = write_adapter_dir(policy, self.root / f"lora-v{version}", dtype=torch_dtype(self.dtype))
+            assert written_to is not None  # rank 0
+            folder: Path = written_to
+            if version <= self.serving.version:
+                raise PolicyError(f"weight sync to version {version} but version {self.serving.version} is already "
+                                  "served; versions must increase")
+            written = time.monotonic()
+            woken = self._wake()
+            served = self.serving.update_weights(lambda: self.serve_adapter(folder, version), version)
+            done = time.monotonic()
+            self.last = {"weight_sync_s": done - t0, "weight_sync_gather_s": 0.0,
+                         "weight_sync_write_s": written - t0, "weight_sync_apply_s": done - written - woken}
+            self._record_sleep(woken)
+            self._prune()
+            return served
         state = serving_weights(policy)  # a collective under FSDP: the other ranks join it in GatherOnlySync
         if version <= self.serving.version:
             raise PolicyError(f"weight sync to version {version} but version {self.serving.version} is already "
@@ -269,20 +381,31 @@ class VLLMSync:
                 used = {server.reload(folder, method=self.method) for server in self.servers}
                 return "+".join(sorted(used))
         written = time.monotonic()
+        woken = self._wake()
         served = self.serving.update_weights(apply, version)
         done = time.monotonic()
         self.last = {"weight_sync_s": done - t0, "weight_sync_gather_s": gathered - t0,
-                     "weight_sync_write_s": written - gathered, "weight_sync_apply_s": done - written}
+                     "weight_sync_write_s": written - gathered, "weight_sync_apply_s": done - written - woken}
+        self._record_sleep(woken)
         self._prune()
         return served
 
+    def _record_sleep(self, woken: float) -> None:
+        if self.sleep:
+            self.last.update({"engine_sleep_s": self._slept_s, "engine_wake_s": woken})
+            self._slept_s = 0.0
+
     def _prune(self) -> None:
-        """Delete version folders beyond the ``keep`` newest, never one an engine serves."""
+        """Delete version folders (and adapter folders) beyond the ``keep`` newest, never one an engine serves."""
         served = {Path(s.model_dir).resolve() for s in self.servers}
-        dirs = sorted((p for p in self.root.glob("v*") if p.name[1:].isdigit()), key=lambda p: int(p.name[1:]))
-        for path in dirs[:-self.keep]:
-            if path.resolve() not in served:
-                shutil.rmtree(path, ignore_errors=True)
+        if self.adapter is not None:
+            served.add(self.adapter)
+        for prefix in ("v", "lora-v"):
+            dirs = sorted((p for p in self.root.glob(f"{prefix}*") if p.name[len(prefix):].isdigit()),
+                          key=lambda p: int(p.name[len(prefix):]))
+            for path in dirs[:-self.keep]:
+                if path.resolve() not in served:
+                    shutil.rmtree(path, ignore_errors=True)
 
     def step_metrics(self) -> dict[str, float | None]:
         """The last push's timings and, since the previous call, each engine's prefix-cache hit rate and

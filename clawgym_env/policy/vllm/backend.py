@@ -22,6 +22,10 @@ Invariants (on top of :class:`~clawgym_env.policy.base.Generation`'s):
   finish and holds new ones back until the server serves the new weights.
 * The tokenizer must be the server's: at construction ``POST /tokenize`` of a probe text (special
   tokens, non-ASCII) must give the ids our tokenizer gives, or :class:`PolicyError` is raised.
+* Never a sample while the engine sleeps: :meth:`sleep` holds new generations back, waits for those in flight,
+  then puts the engine to sleep; :meth:`wake_up` wakes it, then lets generations through again.
+* :meth:`serve_model` switches the served name (a LoRA adapter loaded by :meth:`load_adapter`, or the base
+  model) with no generation in flight; every later request names it.
 * Connection failures (refused, reset, server restarting) are retried ``retries`` times with
   exponential backoff; HTTP errors are not (a 400 says what was wrong) and become :class:`PolicyError`.
   Thread safe: one ``httpx.Client``; concurrent generations are batched by vLLM.
@@ -41,6 +45,7 @@ from clawgym_env.errors import PolicyError
 from clawgym_env.jsontypes import JSONObject
 from clawgym_env.policy.base import Generation, GenerationContext, PolicyBackend, SamplingParams, SyncReport
 from clawgym_env.policy.http_json import request_json
+from clawgym_env.policy.vllm import admin
 from clawgym_env.policy.vllm.weights import WeightReloader, reload_inplace, ties_embeddings
 
 if TYPE_CHECKING:
@@ -105,6 +110,7 @@ class VLLMPolicy(PolicyBackend):
         self._gate = threading.Condition()
         self._in_flight = 0
         self._syncing = False
+        self._asleep = False
         self._closed = False
         models = self._request("GET", "/v1/models").get("data") or []
         ids = [m.get("id") for m in models]
@@ -186,7 +192,7 @@ class VLLMPolicy(PolicyBackend):
                                   "--max-model-len")
             max_tokens = min(max_tokens, self.max_model_len - len(prompt_ids))
         with self._gate:
-            while self._syncing:
+            while self._syncing or self._asleep:
                 self._gate.wait()
             self._in_flight += 1
             version = self.version
@@ -264,6 +270,66 @@ class VLLMPolicy(PolicyBackend):
             with self._gate:
                 self._syncing = False
                 self._gate.notify_all()
+
+    # -- colocated training: sleep/wake, LoRA adapters -------------------------------------------------
+    @property
+    def asleep(self) -> bool:
+        """Whether :meth:`sleep` put the engine to sleep (and :meth:`wake_up` has not woken it yet)."""
+        return self._asleep
+
+    def sleep(self, level: int = admin.SLEEP_LEVEL) -> None:
+        """Hold new generations back, wait for those in flight, then put the engine to sleep (its weights and KV
+        cache leave the GPU). Generations started meanwhile wait for :meth:`wake_up`. A no-op when asleep."""
+        with self._gate:
+            while self._syncing:
+                self._gate.wait()
+            if self._asleep:
+                return
+            self._asleep = True
+            while self._in_flight:
+                self._gate.wait()
+        try:
+            admin.sleep(self._client, level=level)
+        except BaseException:
+            with self._gate:
+                self._asleep = False
+                self._gate.notify_all()
+            raise
+
+    def wake_up(self) -> None:
+        """Wake the engine, then let the generations held back by :meth:`sleep` through (a no-op when awake). On a
+        failure the engine counts as asleep still (generations keep waiting): wake again or close."""
+        with self._gate:
+            if not self._asleep:
+                return
+        admin.wake_up(self._client)
+        with self._gate:
+            self._asleep = False
+            self._gate.notify_all()
+
+    def load_adapter(self, name: str, path: str | os.PathLike) -> None:
+        """Load the peft adapter folder ``path`` into the engine as ``name`` (served once :meth:`serve_model` names
+        it). The engine needs ``VLLMServer(lora_rank=...)``."""
+        admin.load_adapter(self._client, name, str(Path(path).resolve()))
+
+    def unload_adapter(self, name: str) -> None:
+        """Make the engine forget the adapter ``name`` (never the one served)."""
+        if name == self.model:
+            raise PolicyError(f"adapter {name!r} is the one served; serve_model() another first")
+        admin.unload_adapter(self._client, name)
+
+    def serve_model(self, name: str) -> None:
+        """Name ``name`` (an adapter loaded, or the base model) as the ``model`` of every request from now on; waits
+        until no generation is in flight, so none mixes two names."""
+        with self._gate:
+            while self._syncing:
+                self._gate.wait()
+            self._syncing = True
+            while self._in_flight:
+                self._gate.wait()
+            self.model = name
+            self._syncing = False
+            self._gate.notify_all()
 
     def close(self) -> None:
         """Close the HTTP client, and stop the server when this policy owns it (idempotent)."""

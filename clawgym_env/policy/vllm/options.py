@@ -51,3 +51,5 @@ class VLLMServerOptions(TypedDict, total=False):
     grace_s: float
     worker_extension: bool
     rope_scaling: RopeScaling | None
+    lora_rank: int
+    sleep_mode: bool

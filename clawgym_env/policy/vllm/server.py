@@ -35,10 +35,14 @@ Weight sync (:meth:`VLLMServer.reload`), options in vLLM 0.32 and what is used h
 * ``collective`` (:mod:`clawgym_env.policy.vllm.collective`, needs ``worker_extension=True``): the trainer
   broadcasts each tensor over a private gloo/NCCL group into the workers, which reload them in place
   (no files). Same tied-embedding limit as ``inplace``.
+* LoRA adapters (``lora_rank > 0``: ``--enable-lora --max-lora-rank R --max-loras 1`` and
+  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``): the engine serves the frozen base folder and hot-loads each adapter
+  version (:mod:`clawgym_env.policy.vllm.admin`, driven by the policy: ``VLLMPolicy.load_adapter`` /
+  ``serve_model``); the base weights never change, so a tied embedding is no obstacle.
+* Sleep mode (``sleep_mode=True``: ``--enable-sleep-mode``, needs ``dev_mode``): ``VLLMPolicy.sleep`` / ``wake_up``
+  around a colocated trainer's update. GPU engines only (vLLM refuses it on the CPU).
 * Not used: vLLM's own NCCL/IPC weight-transfer engines behind ``/init_weight_transfer_engine`` +
-  ``/update_weights`` (GPU-to-GPU broadcast / CUDA IPC, no CPU backend), and LoRA adapters
-  (``--enable-lora`` + ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` + ``POST /v1/load_lora_adapter``), which
-  fit a trainer that only trains adapters.
+  ``/update_weights`` (GPU-to-GPU broadcast / CUDA IPC, no CPU backend).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 from clawgym_env.errors import PolicyError
 from clawgym_env.policy.rope import RopeScaling, positions
+from clawgym_env.policy.vllm.admin import max_lora_rank
 from clawgym_env.policy.vllm.backend import VLLMPolicy
 from clawgym_env.policy.vllm.options import VLLMPolicyOptions
 from clawgym_env.policy.vllm.weights import model_config, reload_inplace, ties_embeddings
@@ -114,7 +119,8 @@ class VLLMServer:
     ``PYTHONPATH``, nothing else of ClawGym does). ``rope_scaling``: YaRN the engine applies on top of the
     folder's ``config.json`` (``--hf-overrides``: the ``rope_parameters`` and ``max_position_embeddings`` the
     trainer's model config gets from the same setting); ``max_model_len`` above the positions the folder covers
-    (with it) is refused here, naming the setting.
+    (with it) is refused here, naming the setting. ``lora_rank`` > 0: serve runtime-loaded LoRA adapters up to
+    that rank; ``sleep_mode``: allow ``/sleep`` and ``/wake_up`` (GPU engines; needs ``dev_mode``).
     """
 
     def __init__(self, model_dir: str | os.PathLike, *, port: int | None = None, host: str = "127.0.0.1",
@@ -123,7 +129,7 @@ class VLLMServer:
                  enforce_eager: bool = False, dev_mode: bool = True, extra_args: Iterable[str] = (),
                  env: dict[str, str] | None = None, log_path: str | os.PathLike | None = None,
                  startup_timeout_s: float = 900.0, grace_s: float = 20.0, worker_extension: bool = False,
-                 rope_scaling: RopeScaling | None = None) -> None:
+                 rope_scaling: RopeScaling | None = None, lora_rank: int = 0, sleep_mode: bool = False) -> None:
         self.model_dir = Path(model_dir).expanduser().resolve()
         self._check_model_dir(self.model_dir)
         self.python = vllm_python(venv)
@@ -139,6 +145,12 @@ class VLLMServer:
         self.extra_env = dict(env or {})
         self.worker_extension = worker_extension
         self.rope_scaling = rope_scaling
+        self.lora_rank = int(lora_rank)
+        self.sleep_mode = sleep_mode
+        if sleep_mode and not dev_mode:
+            raise PolicyError("sleep_mode needs the dev-mode endpoints (/sleep, /wake_up); keep dev_mode=True")
+        if self.lora_rank:
+            max_lora_rank(self.lora_rank)  # a PolicyError above what vLLM serves
         self._check_context()
         if log_path is None:
             fd, name = tempfile.mkstemp(prefix="clawgym-vllm-", suffix=".log")
@@ -220,6 +232,10 @@ class VLLMServer:
             cmd += ["--worker-extension-cls", WORKER_EXTENSION]
         if self.rope_scaling is not None:
             cmd += ["--hf-overrides", json.dumps(self.hf_overrides(), sort_keys=True)]
+        if self.lora_rank:
+            cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(self.lora_rank)), "--max-loras", "1"]
+        if self.sleep_mode:
+            cmd.append("--enable-sleep-mode")
         return cmd + self.extra_args
 
     def _child_env(self) -> dict[str, str]:
@@ -234,6 +250,8 @@ class VLLMServer:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         if self.worker_extension:
             env["PYTHONPATH"] = str(EXTENSION_DIR)
+        if self.lora_rank:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         env.update(self.extra_env)
         return env
 
