@@ -158,7 +158,8 @@ def colocated(tmp_path):
 @pytest.mark.timeout(120)  # a sleep that never sees its calls in flight end would hang: fail instead
 def test_engines_sleep_through_the_update_and_wake_before_the_push(colocated):
     """Sleep before the update's forward/backward, after the calls in flight finished; no call samples while an
-    engine sleeps (calls made meanwhile wait); wake before the new adapter is loaded; later calls use it."""
+    engine sleeps (calls made meanwhile wait at the version gate, and that wait is noted as the sync's); wake before
+    the new adapter is loaded; later calls use it."""
     from clawgym_env.policy.base import GenerationContext, SamplingParams
 
     log, engines, policy, sync = colocated
@@ -185,6 +186,7 @@ def test_engines_sleep_through_the_update_and_wake_before_the_push(colocated):
     with sync.updating():
         log.add("trainer", "update-start")
         assert all(e.asleep for e in engines)
+        assert sync.serving.gate.closed  # new calls wait at the version gate, where the wait is the sync's
         time.sleep(0.3)  # the rollout threads keep calling: they must wait
         _train_step(policy)
         log.add("trainer", "update-end")
@@ -209,6 +211,8 @@ def test_engines_sleep_through_the_update_and_wake_before_the_push(colocated):
         assert after and set(after) == {"trainee-lora-v1"}
         assert log.index(engine, "unload", "trainee-lora-v0") > loaded
     assert set(versions) == {0, 1}
+    waits = sync.serving.gate.waits  # the time calls were held while the engines slept is not the agent's
+    assert max(waits.waited_s(f"w{k}-{j}") for k in range(4) for j in range(3)) >= 0.3
     assert sync.last["engine_sleep_s"] >= 0 and sync.last["engine_wake_s"] >= 0
 
 
@@ -216,7 +220,7 @@ def test_leaving_the_update_wakes_the_engines_without_a_push(colocated):
     log, engines, policy, sync = colocated
     with sync.updating():
         assert all(e.asleep for e in engines)
-    assert not any(e.asleep for e in engines) and not sync.asleep
+    assert not any(e.asleep for e in engines) and not sync.sleeper.asleep and not sync.sleeper.held
     with pytest.raises(RuntimeError, match="boom"):
         with sync.updating():
             raise RuntimeError("boom")

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from clawgym_env.errors import ConfigError, PolicyError
+from trainers.scale.engine_sleep import SleepingEngines
 from trainers.scale.lora_sync import write_adapter_dir
 from trainers.scale.serving_names import dtype_name, to_serving
 
@@ -278,11 +279,11 @@ class VLLMSync:
         self.dtype = None if dtype is None else dtype_name(dtype)
         self.sleep = sleep
         self.engines = list(engines or [])
-        self.asleep = False
         self.adapter: Path | None = None
         """under ``lora``: the adapter folder served"""
         self.last: dict[str, float] = {}
-        self._slept_s = 0.0
+        self.sleeper = SleepingEngines(serving, self.engines) if sleep else None
+        """with ``sleep``: the engines' sleep/wake around each update"""
 
     # -- sleep/wake around the update ----------------------------------------------------------------
     @contextlib.contextmanager
@@ -296,27 +297,17 @@ class VLLMSync:
             self._wake()
 
     def _sleep(self) -> None:
-        if not self.sleep or self.asleep:
-            return
-        t0 = time.monotonic()
-        self.asleep = True  # before the first engine sleeps: a failure below still wakes the others in push
-        for replica in self.engines:
-            replica.sleep()
-        self._slept_s = time.monotonic() - t0
+        if self.sleeper is not None:
+            self.sleeper.sleep()
 
     def _wake(self) -> float:
-        """Wake every engine put to sleep (the trainer's freed cache goes back to the device first); the seconds."""
-        if not self.asleep:
-            return 0.0
-        t0 = time.monotonic()
-        import torch
+        return self.sleeper.wake() if self.sleeper is not None else 0.0
 
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # the update's activations and gradients leave room for the engines' weights
-        for replica in self.engines:
-            replica.wake_up()
-        self.asleep = False
-        return time.monotonic() - t0
+    def _update(self, apply: Callable[[], str], version: int) -> tuple[int, float]:
+        """Run ``apply`` with no call in flight and serve ``version``; (the version served, seconds waking took)."""
+        if self.sleeper is not None and self.sleeper.held:
+            return self.sleeper.update(apply, version)
+        return self.serving.update_weights(apply, version), 0.0
 
     # -- LoRA adapters -------------------------------------------------------------------------------
     def serve_adapter(self, folder: Path, version: int) -> str:
@@ -350,8 +341,7 @@ class VLLMSync:
                 raise PolicyError(f"weight sync to version {version} but version {self.serving.version} is already "
                                   "served; versions must increase")
             written = time.monotonic()
-            woken = self._wake()
-            served = self.serving.update_weights(lambda: self.serve_adapter(folder, version), version)
+            served, woken = self._update(lambda: self.serve_adapter(folder, version), version)
             done = time.monotonic()
             self.last = {"weight_sync_s": done - t0, "weight_sync_gather_s": 0.0,
                          "weight_sync_write_s": written - t0, "weight_sync_apply_s": done - written - woken}
@@ -381,8 +371,7 @@ class VLLMSync:
                 used = {server.reload(folder, method=self.method) for server in self.servers}
                 return "+".join(sorted(used))
         written = time.monotonic()
-        woken = self._wake()
-        served = self.serving.update_weights(apply, version)
+        served, woken = self._update(apply, version)
         done = time.monotonic()
         self.last = {"weight_sync_s": done - t0, "weight_sync_gather_s": gathered - t0,
                      "weight_sync_write_s": written - gathered, "weight_sync_apply_s": done - written - woken}
@@ -391,9 +380,8 @@ class VLLMSync:
         return served
 
     def _record_sleep(self, woken: float) -> None:
-        if self.sleep:
-            self.last.update({"engine_sleep_s": self._slept_s, "engine_wake_s": woken})
-            self._slept_s = 0.0
+        if self.sleeper is not None:
+            self.last.update({"engine_sleep_s": self.sleeper.slept_s, "engine_wake_s": woken})
 
     def _prune(self) -> None:
         """Delete version folders (and adapter folders) beyond the ``keep`` newest, never one an engine serves."""
