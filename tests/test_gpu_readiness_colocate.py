@@ -310,6 +310,23 @@ def test_auto_syncs_adapters_only_where_vllm_serves_them():
         uses_adapters(GenerationConfig(backend="vllm", sync="lora"), moe)
 
 
+def test_check_config_refuses_a_lora_sync_vllm_cannot_serve():
+    from trainers.check_config import check_config
+
+    def args(**policy: object) -> types.SimpleNamespace:
+        generation = GenerationConfig(backend="vllm", sync="lora")
+        return types.SimpleNamespace(scale=types.SimpleNamespace(generation=generation),
+                                     policy=PolicyConfig(model="tiny", **policy))
+
+    with pytest.raises(ConfigError, match="policy.lora_rank is 0"):
+        check_config(args())
+    with pytest.raises(ConfigError, match="largest vLLM serves"):
+        check_config(args(lora_rank=1024))
+    with pytest.raises(ConfigError, match="embed_tokens"):
+        check_config(args(lora_rank=8, lora_targets=["q_proj", "embed_tokens"]))
+    assert any("sync lora" in line for line in check_config(args(lora_rank=8)))
+
+
 def test_a_lora_sync_refuses_a_version_already_served(colocated, tmp_path):
     log, engines, policy, sync = colocated
     assert sync.push(policy, 1) == 1

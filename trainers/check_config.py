@@ -11,7 +11,8 @@ What is checked (each failure a :class:`~clawgym_env.errors.ConfigError` that na
   (:mod:`clawgym_env.policy.rope`). Past them the trainer would run positions unscaled and vLLM refuses the length;
   the error gives the exact YAML to add;
 * ``scale.generation.sleep: true`` only where the vLLM engines run on a GPU (vLLM's sleep mode needs its CUDA memory
-  pool; the CPU engine refuses it).
+  pool; the CPU engine refuses it); ``scale.generation.sync: lora`` only with ``policy.lora_rank`` > 0 (at most 512)
+  and no embedding in ``policy.lora_targets``.
 
 Only ``config.json`` is read from a model folder (no weights, no tokenizer), so a recipe can be checked on a machine
 without the model's weights. ``clawgym train`` runs :func:`check_context` too, before anything is loaded.
@@ -114,9 +115,10 @@ def check_config(args: Any) -> list[str]:
         lines.append(result.describe())
     generation = getattr(getattr(args, "scale", None), "generation", None)
     if generation is not None:
-        from trainers.rollouts.generation import check_sleep
+        from trainers.rollouts.generation import check_lora_sync, check_sleep
 
-        sleeping = check_sleep(generation)  # sleep: true needs GPU engines
-        if sleeping:
-            lines.append(sleeping)
+        for line in (check_sleep(generation),  # sleep: true needs GPU engines
+                     check_lora_sync(generation, getattr(args, "policy", None))):  # sync: lora needs servable LoRA
+            if line:
+                lines.append(line)
     return lines

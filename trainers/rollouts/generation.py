@@ -210,6 +210,29 @@ def check_sleep(cfg: GenerationConfig) -> str | None:
     return "generation: the vLLM engines sleep through each update (level 1) and wake before the weights are pushed"
 
 
+def check_lora_sync(cfg: GenerationConfig, policy_config: Any) -> str | None:
+    """``sync: lora`` checked against the policy's config, nothing loaded (:func:`uses_adapters` checks the built
+    policy too): a :class:`ConfigError` without LoRA or with adapters vLLM cannot serve; the line ``--check-config``
+    prints, else None (``auto`` decides on the built policy)."""
+    if cfg.backend != "vllm" or cfg.sync != "lora" or policy_config is None:
+        return None
+    from clawgym_env.policy.vllm.admin import max_lora_rank
+
+    rank = int(getattr(policy_config, "lora_rank", 0) or 0)
+    if rank <= 0:
+        raise ConfigError("generation.sync: lora hot-loads LoRA adapters, but policy.lora_rank is 0 (all weights are "
+                          "trained); set policy.lora_rank > 0 or use sync: auto")
+    try:
+        max_lora_rank(rank)
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from exc
+    embeddings = sorted({"embed_tokens", "lm_head"} & set(getattr(policy_config, "lora_targets", ()) or ()))
+    if embeddings:
+        raise ConfigError(f"generation.sync: lora: vLLM 0.32's runtime adapters do not serve LoRA on {embeddings}; "
+                          "drop them from policy.lora_targets or use sync: auto")
+    return f"generation: sync lora (rank-{rank} adapters hot-loaded into the engines; the base is served once)"
+
+
 def _sync_method(cfg: GenerationConfig, model_dir: Path) -> str:
     from clawgym_env.policy.vllm.weights import ties_embeddings
 
