@@ -21,6 +21,7 @@ from clawgym_env.policy.vllm.options import VLLMPolicyOptions
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from clawgym_env.policy.rope import RopeScaling
     from clawgym_env.policy.vllm.options import VLLMServerOptions
 
 UPSTREAM_BASE_URL_ENV = "CLAWGYM_UPSTREAM_BASE_URL"
@@ -61,6 +62,9 @@ class VLLMSpecOptions(VLLMPolicyOptions, total=False):
     server_startup_timeout_s: float
     server_grace_s: float
     server_worker_extension: bool
+    server_rope_scaling: RopeScaling | None
+    server_lora_rank: int
+    server_sleep_mode: bool
 
 
 def scripted(rest: str, *, tokenizer: object = None, think: bool = False) -> PolicyBackend:

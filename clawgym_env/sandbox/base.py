@@ -345,6 +345,9 @@ def _editable_folders(dist: importlib.metadata.Distribution) -> list[Path]:
     names |= {ep.value.split(":")[0].split(".")[0].strip() for ep in dist.entry_points}
     out = [project]
     for name in sorted(n for n in names if n.isidentifier()):
+        # the usual source layouts, whatever sys.path makes of the name (a test runner may put the project's
+        # parent first, so the project folder itself is found as a namespace package of that name)
+        out += [f.resolve() for f in (project / name, project / "src" / name) if f.is_dir()]
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
