@@ -125,3 +125,37 @@ def test_seeds_report_every_seed_and_their_mean(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "quickstart_seeds.json").read_text())["seeds"] == [0, 1, 2]
     with pytest.raises(SystemExit, match="distinct integers"):
         quickstart.run_seeds(quickstart.Config(out_dir=str(tmp_path), seeds="1,1"))
+
+
+def test_quickstart_rl_norm_gives_tokens_every_episode_sampled_no_net_push():
+    """Why the quickstart's RL sank (issue 24, point 12): near convergence most sampled tokens are shared by
+    every episode of a group, and a failure is a single slipped token, often ending the episode early. Under
+    ``loss_norm="episode"`` a shared token's net weight ``Σ_e W[t,e]·A_e = Σ_e A_e / (G·N_e)`` is not 0 when
+    the episodes' lengths differ: shorter failures push the correct shared tokens *down*, and four clipped
+    epochs a step did so every step. Under ``"token"`` (the quickstart's norm) the weights are equal, the
+    advantages sum to 0 in a group, and a token every episode sampled gets no net push."""
+    torch = pytest.importorskip("torch")
+    from clawgym_env.capture.records import CallRecord, EpisodeRecord
+    from clawgym_env.episodes.run import EpisodeResult
+    from trainers import quickstart
+    from trainers.batch.tree_batch import make_groups, pack_groups
+
+    def episode(eid: str, reward: float, out: list[int]) -> EpisodeResult:
+        c = CallRecord(episode_id=eid, call_index=0, dialect="openai_chat", path="/v1/chat/completions",
+                       stream=False, request={}, prompt_token_ids=[1, 2, 3], output_token_ids=out,
+                       output_logprobs=[-0.01] * len(out), finish_reason="stop", policy_version=0)
+        return EpisodeResult(EpisodeRecord(episode_id=eid, task_id="t", suite="unit", harness="mini", policy="tiny",
+                                           status="ok", reward=reward, num_calls=1), [c])
+
+    shared = [10, 11, 12]  # sampled by every episode; the failures slip after it and stop short
+    eps = [episode(f"ok{i}", 1.0, shared + [20, 21, 22, 23, 24, 25]) for i in range(6)]
+    eps += [episode(f"bad{i}", 0.0, shared + [90 + i]) for i in range(2)]
+
+    def net_push_on_shared(norm: str) -> float:
+        pack, = pack_groups(make_groups(eps), loss_norm=norm)
+        on_shared = torch.isin(pack.packed.input_ids[pack.pair_token], torch.tensor(shared))
+        return float((pack.pair_weight * pack.pair_adv)[on_shared].sum())
+
+    assert quickstart.Config().rl_loss_norm == "token"
+    assert abs(net_push_on_shared("token")) < 1e-7
+    assert net_push_on_shared("episode") < -0.05  # the correct shared tokens were trained as if wrong

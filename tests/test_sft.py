@@ -7,6 +7,7 @@ tokens, and that the saved model serves through ``TransformersPolicy``.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -93,3 +94,25 @@ def test_sft_lowers_the_expert_nll_and_saves_a_servable_model(collected, suite, 
     with torch.no_grad():
         logits = policy.causal_lm(input_ids=torch.tensor([prompt])).logits[0, -1, :policy.vocab_limit]
     assert gen.token_ids[0] == int(logits.argmax())
+
+
+def test_sft_stops_at_a_loss_not_a_step_count(collected, suite, tmp_path, tokenizer):
+    """``stop_nll``: training ends after the first step whose batch token NLL is at or below it (the quickstart's
+    warm start stops at a loss, so every seed leaves RL about as much to learn); the summary, the last metrics
+    row and the checkpoint name the step it stopped at. A negative value is refused."""
+    episodes, _ = collected
+    common = dict(suite=str(suite), batch_episodes=3, learning_rate=1e-2, log_every=100, save_model=False,
+                  log=LogArgs(progress=False))
+    full = sft.train(sft.Args(out_dir=str(tmp_path / "full"), steps=12, **common),
+                     policy=TrainablePolicy(PolicyConfig(model="tiny", seed=2), tokenizer=tokenizer), episodes=episodes)
+    rows = [json.loads(line) for line in Path(full.metrics).read_text().splitlines()]
+    assert full.steps == 12 and rows[-1]["step"] == 12
+    target = float(rows[-1]["token_nll"]) * 4  # a loss the full run crosses before its last step
+    early = sft.train(sft.Args(out_dir=str(tmp_path / "early"), steps=12, stop_nll=target, **common),
+                      policy=TrainablePolicy(PolicyConfig(model="tiny", seed=2), tokenizer=tokenizer),
+                      episodes=episodes)
+    last = [json.loads(line) for line in Path(early.metrics).read_text().splitlines()][-1]
+    assert 1 <= early.steps < 12 and last["step"] == early.steps and last["token_nll"] <= target
+    assert Path(early.checkpoint).name.endswith(str(early.steps))
+    with pytest.raises(Exception, match="stop_nll"):
+        sft.Args(stop_nll=-1.0)

@@ -54,7 +54,8 @@ class Config:
     eval_samples: int = 8
     hidden_size: int = 64
     layers: int = 2
-    sft_steps: int = 50
+    sft_steps: int = 80
+    sft_stop_nll: float = 0.02
     sft_batch: int = 8
     sft_lr: float = 1e-2
     rl_steps: int = 30
@@ -62,6 +63,7 @@ class Config:
     rl_group_size: int = 8
     rl_lr: float = 1e-4
     rl_epochs: int = 4
+    rl_loss_norm: str = "token"
 
 
 def _rate(ev: JSONObject) -> str:
@@ -162,7 +164,7 @@ def run(cfg: Config, echo=print) -> JSONObject:
     t0 = time.perf_counter()
     sft_args = sft.Args(out_dir=str(out / "sft"), seed=cfg.seed, suite=cfg.train_suite, harness=cfg.harness,
                         concurrency=cfg.concurrency, policy=pcfg, steps=cfg.sft_steps, batch_episodes=cfg.sft_batch,
-                        learning_rate=cfg.sft_lr, log_every=5, save_model=False)
+                        learning_rate=cfg.sft_lr, log_every=5, save_model=False, stop_nll=cfg.sft_stop_nll)
     episodes, counts = sft.collect_expert(sft_args)
     times["expert_s"] = time.perf_counter() - t0
     echo(f"[quickstart] expert through {cfg.harness}: kept {counts.kept}/{counts.episodes} episodes "
@@ -172,7 +174,8 @@ def run(cfg: Config, echo=print) -> JSONObject:
     times["sft_s"] = time.perf_counter() - t0
     nll = sft_summary.last.get("token_nll")
     nll = nll if isinstance(nll, float) else float("nan")
-    echo(f"[quickstart] SFT: {cfg.sft_steps} steps, last token NLL {nll:.3f} "
+    echo(f"[quickstart] SFT: {sft_summary.steps} steps (stops at token NLL <= {cfg.sft_stop_nll}, at most "
+         f"{cfg.sft_steps}), last token NLL {nll:.3f} "
          f"[{times['sft_s']:.0f} s]")
     report["eval"]["after_sft"] = evaluate_now("after_sft")
 
@@ -181,7 +184,7 @@ def run(cfg: Config, echo=print) -> JSONObject:
                         save_every=cfg.rl_steps, suite=cfg.train_suite, harnesses={cfg.harness: 1.0},
                         groups_per_step=cfg.rl_groups, group_size=cfg.rl_group_size, concurrency=cfg.concurrency,
                         temperature=cfg.temperature, max_tokens=cfg.max_tokens, policy=pcfg, learning_rate=cfg.rl_lr,
-                        update_epochs=cfg.rl_epochs)
+                        update_epochs=cfg.rl_epochs, loss_norm=cfg.rl_loss_norm)
     rl_summary = grpo.train(rl_args, policy=policy)
     times["rl_s"] = time.perf_counter() - t0
     echo(f"[quickstart] GRPO: {cfg.rl_steps} steps x {cfg.rl_groups} groups x {cfg.rl_group_size} rollouts, "

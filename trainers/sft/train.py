@@ -92,6 +92,10 @@ class Args(RunArgs):
     """episodes per optimiser step (their call trees packed together)"""
     log_every: int = 10
     """log the training metrics every this many steps"""
+    stop_nll: float = 0.0
+    """stop before ``steps`` once a step's batch token NLL (the same on every rank) is at or below this; 0: run
+    every step. A warm start meant to leave RL something to learn stops at a loss, not at a step count: the step
+    at which a tiny model crosses a given loss varies widely with its seed (``clawgym quickstart`` uses it)"""
     save_model: bool = True
     """write ``<out_dir>/model`` (a plain model dir: ``transformers:<out_dir>/model`` serves it)"""
     dist: DistConfig = dataclasses.field(default_factory=DistConfig)
@@ -99,6 +103,8 @@ class Args(RunArgs):
 
     def __post_init__(self) -> None:
         check_context(self.max_context_tokens, self.max_pack_tokens)
+        if self.stop_nll < 0:
+            raise ConfigError(f"stop_nll must be >= 0 (0: run every step), got {self.stop_nll}")
 
     def harness_names(self) -> list[str]:
         """The one harness the expert runs through."""
@@ -220,6 +226,7 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, episodes: list[E
     t_start = time.perf_counter()
     tokens = 0
     last: MetricsRow = {}
+    done = 0
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         if len(order) < args.batch_episodes:  # epochs: every episode once before any repeats
@@ -237,14 +244,19 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, episodes: list[E
         if bar is not None:
             bar.set_postfix_str(f"loss {st['loss']:.3f}")
             bar.update(1)
+        done = step
+        if 0.0 < st["token_nll"] <= args.stop_nll:
+            if metrics is not None and last.get("step") != step:
+                last = metrics.log(step, {**st, **(counts.as_metrics() if counts else {}), **cleaned.as_metrics()})
+            break
     if bar is not None:
         bar.close()
     if metrics is not None:
         metrics.close()
-    save_checkpoint(out, args.steps, policy, optimizer, config=args, version=0, keep=1)
+    save_checkpoint(out, done, policy, optimizer, config=args, version=0, keep=1)
     model_dir = policy.save_pretrained(out / "model") if args.save_model else None
     curves = plot_curves(metrics.path, out) if args.log.plot and metrics is not None else None
-    summary = TrainSummary(algo="sft", out_dir=str(out), steps=args.steps, metrics=str(out / "metrics.jsonl"),
+    summary = TrainSummary(algo="sft", out_dir=str(out), steps=done, metrics=str(out / "metrics.jsonl"),
                            last=last, checkpoint=str(ckpt) if (ckpt := latest_checkpoint(out)) else None,
                            curves=str(curves) if curves else None, model_dir=str(model_dir) if model_dir else None,
                            episodes=len(episodes), expert=counts, train_s=time.perf_counter() - t_start,
