@@ -238,16 +238,15 @@ def train(args: Args, *, policy: TrainablePolicy | None = None, episodes: list[E
         st = sft_step(policy, optimizer, batch, args)
         tokens += int(st["train_tokens"])
         dt = time.perf_counter() - t0
-        if metrics is not None and (step % max(1, args.log_every) == 0 or step == args.steps):
+        stop = 0.0 < st["token_nll"] <= args.stop_nll
+        if metrics is not None and (step % max(1, args.log_every) == 0 or step == args.steps or stop):
             last = metrics.log(step, {**st, "train_tokens_per_s": st["train_tokens"] / dt if dt > 0 else None,
                                       **(counts.as_metrics() if counts else {}), **cleaned.as_metrics()})
         if bar is not None:
             bar.set_postfix_str(f"loss {st['loss']:.3f}")
             bar.update(1)
         done = step
-        if 0.0 < st["token_nll"] <= args.stop_nll:
-            if metrics is not None and last.get("step") != step:
-                last = metrics.log(step, {**st, **(counts.as_metrics() if counts else {}), **cleaned.as_metrics()})
+        if stop:
             break
     if bar is not None:
         bar.close()
