@@ -159,3 +159,19 @@ def test_quickstart_rl_norm_gives_tokens_every_episode_sampled_no_net_push():
     assert quickstart.Config().rl_loss_norm == "token"
     assert abs(net_push_on_shared("token")) < 1e-7
     assert net_push_on_shared("episode") < -0.05  # the correct shared tokens were trained as if wrong
+
+
+@pytest.mark.parametrize("bad", [{"rl_loss_norm": "tokens"}, {"sft_stop_nll": -1.0}])
+def test_a_mistyped_option_is_refused_before_anything_runs_or_is_cleared(tmp_path, bad):
+    pytest.importorskip("torch")
+    from clawgym_env.errors import ConfigError
+    from trainers import quickstart
+
+    earlier = tmp_path / "out" / "rl" / "metrics.jsonl"  # an earlier run's output in the same folder
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text('{"step": 1}\n')
+    lines: list[str] = []
+    with pytest.raises(ConfigError, match=next(iter(bad)).removeprefix("rl_").removeprefix("sft_")):
+        quickstart.run(quickstart.Config(out_dir=str(tmp_path / "out"), **bad), echo=lines.append)
+    assert lines == []  # refused before the policy was built or any stage ran
+    assert earlier.read_text() == '{"step": 1}\n'

@@ -46,6 +46,7 @@ import sys
 import time
 from pathlib import Path
 
+from clawgym_env.errors import ConfigError
 from clawgym_env.jsontypes import JSONObject
 
 FAMILY = Path(__file__).resolve().parents[1] / "tasks" / "families"
@@ -143,15 +144,30 @@ def run(cfg: Config, echo=print) -> JSONObject:
 
     t_start = time.perf_counter()
     out = Path(cfg.out_dir)
+    pcfg = PolicyConfig(model="tiny", tiny_hidden_size=cfg.hidden_size, tiny_layers=cfg.layers,
+                        tiny_intermediate=2 * cfg.hidden_size, seed=cfg.seed)
+    # Both stages' configs are built (and so checked) before anything runs or an earlier run's folders
+    # are cleared: a mistyped option is refused at once, not when its stage starts minutes later.
+    try:
+        sft_args = sft.Args(out_dir=str(out / "sft"), seed=cfg.seed, suite=cfg.train_suite, harness=cfg.harness,
+                            concurrency=cfg.concurrency, policy=pcfg, steps=cfg.sft_steps,
+                            batch_episodes=cfg.sft_batch, learning_rate=cfg.sft_lr, log_every=5, save_model=False,
+                            stop_nll=cfg.sft_stop_nll)
+        rl_args = grpo.Args(out_dir=str(out / "rl"), seed=cfg.seed, steps=cfg.rl_steps, resume=False,
+                            save_every=cfg.rl_steps, suite=cfg.train_suite, harnesses={cfg.harness: 1.0},
+                            groups_per_step=cfg.rl_groups, group_size=cfg.rl_group_size, concurrency=cfg.concurrency,
+                            temperature=cfg.temperature, max_tokens=cfg.max_tokens, policy=pcfg,
+                            learning_rate=cfg.rl_lr, update_epochs=cfg.rl_epochs, loss_norm=cfg.rl_loss_norm)
+    except ConfigError as exc:
+        raise ConfigError(f"a quickstart option was refused: {exc} (--sft-* options set the SFT stage's field of "
+                          "that name, --rl-* the GRPO stage's; see `clawgym quickstart --help`)") from exc
+    heldout = list(load_suite(cfg.heldout_suite).tasks)
+    n_train = len(load_suite(cfg.train_suite).tasks)
     for sub in ("sft", "rl", "eval"):
         shutil.rmtree(out / sub, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    heldout = list(load_suite(cfg.heldout_suite).tasks)
-    n_train = len(load_suite(cfg.train_suite).tasks)
     sampling = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
-    pcfg = PolicyConfig(model="tiny", tiny_hidden_size=cfg.hidden_size, tiny_layers=cfg.layers,
-                        tiny_intermediate=2 * cfg.hidden_size, seed=cfg.seed)
     policy = TrainablePolicy(pcfg)
     trainable, _ = policy.num_parameters()
     echo(f"[quickstart] tiny Qwen3: {trainable / 1e6:.1f}M parameters, {cfg.layers} layers, hidden {cfg.hidden_size}, "
@@ -175,9 +191,6 @@ def run(cfg: Config, echo=print) -> JSONObject:
     report["eval"]["before_sft"] = evaluate_now("before_sft")
 
     t0 = time.perf_counter()
-    sft_args = sft.Args(out_dir=str(out / "sft"), seed=cfg.seed, suite=cfg.train_suite, harness=cfg.harness,
-                        concurrency=cfg.concurrency, policy=pcfg, steps=cfg.sft_steps, batch_episodes=cfg.sft_batch,
-                        learning_rate=cfg.sft_lr, log_every=5, save_model=False, stop_nll=cfg.sft_stop_nll)
     episodes, counts = sft.collect_expert(sft_args)
     times["expert_s"] = time.perf_counter() - t0
     echo(f"[quickstart] expert through {cfg.harness}: kept {counts.kept}/{counts.episodes} episodes "
@@ -193,11 +206,6 @@ def run(cfg: Config, echo=print) -> JSONObject:
     report["eval"]["after_sft"] = evaluate_now("after_sft")
 
     t0 = time.perf_counter()
-    rl_args = grpo.Args(out_dir=str(out / "rl"), seed=cfg.seed, steps=cfg.rl_steps, resume=False,
-                        save_every=cfg.rl_steps, suite=cfg.train_suite, harnesses={cfg.harness: 1.0},
-                        groups_per_step=cfg.rl_groups, group_size=cfg.rl_group_size, concurrency=cfg.concurrency,
-                        temperature=cfg.temperature, max_tokens=cfg.max_tokens, policy=pcfg, learning_rate=cfg.rl_lr,
-                        update_epochs=cfg.rl_epochs, loss_norm=cfg.rl_loss_norm)
     rl_summary = grpo.train(rl_args, policy=policy)
     times["rl_s"] = time.perf_counter() - t0
     echo(f"[quickstart] GRPO: {cfg.rl_steps} steps x {cfg.rl_groups} groups x {cfg.rl_group_size} rollouts, "

@@ -25,6 +25,7 @@ import sys
 import time
 
 TAG_VAR = "CLAWGYM_SANDBOX_EXEC"
+REAP_WAIT_S = 2.0
 
 
 def spawn(cmd: list[str], env: dict[str, str] | None = None) -> int:
@@ -65,17 +66,26 @@ def tagged(tag: str, me: int) -> set[int]:
 
 
 def sweep(tag: str) -> None:
-    """Kill the tree until a scan finds nothing left (new forks are caught by the next scan)."""
+    """Kill the tree until a scan finds nothing left (new forks are caught by the next scan), then
+    wait (at most ``REAP_WAIT_S``) until every killed pid is reaped: a killed process stays in /proc
+    as a zombie until its parent (or pid 1, for an orphan) collects it, and only then is it gone."""
+    killed: set[int] = set()
     for _ in range(200):
         pids = tagged(tag, os.getpid())
         if not pids:
-            return
+            break
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        killed |= pids
         time.sleep(0.005)
+    deadline = time.monotonic() + REAP_WAIT_S
+    while killed and time.monotonic() < deadline:
+        killed = {pid for pid in killed if os.path.exists(f"/proc/{pid}")}
+        if killed:
+            time.sleep(0.005)
 
 
 def wait_for_port(port: int, limit_s: float) -> None:
@@ -130,13 +140,18 @@ def init(cmd: list[str]) -> None:
     import threading
 
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    # SIGCHLD is blocked in every thread (the EOF thread inherits the mask) and taken with
+    # sigtimedwait: with no child of its own, pid 1 still wakes the moment an orphan reparented to
+    # it dies, so a killed exec's processes are reaped at once, not after a polling interval.
+    # The relay is spawned first: a signal mask survives exec, and the relay must not inherit it.
     relay = spawn(cmd) if cmd else None
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     threading.Thread(target=_exit_on_eof, daemon=True).start()
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
         except ChildProcessError:
-            time.sleep(0.2)
+            signal.sigtimedwait({signal.SIGCHLD}, 1.0)
             continue
         if pid == relay:
             os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
