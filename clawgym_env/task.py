@@ -116,6 +116,17 @@ class Task(BaseModel):
         p = Path(self.task_dir) / "expert.json"
         return p if p.exists() else None
 
+    def private_folders(self) -> list[Path]:
+        """The host folders of this task that no agent may see: its folder (expert steps, the entry with its
+        answer), its input and reward folders wherever they lie, and the folder holding its folder (the
+        suite: every other task's answers). The episode's sandbox, the grader's and every sandbox the grader
+        runs the agent's code in hide them (:func:`~clawgym_env.sandbox.base.hidden_paths_with`), so a suite
+        kept under a folder sandboxes show read-only (``/opt``, a virtual environment) stays unread."""
+        out = [Path(p) for p in (self.task_dir, self.input_dir, self.reward_dir) if p is not None]
+        if self.task_dir is not None:
+            out.append(Path(self.task_dir).resolve().parent)
+        return out
+
     @property
     def grading_type(self) -> str:
         """``metadata["grading_type"]``, ``"automated"`` when unset."""

@@ -76,6 +76,7 @@ from clawgym_env.sandbox import (
     SandboxLimits,
     SandboxSpec,
     get_backend,
+    hidden_paths_with,
     host_toolchain_paths,
 )
 from clawgym_env.task import Task
@@ -273,6 +274,7 @@ def sandbox_stage(task: Task, adapter: HarnessAdapter, session: EpisodeSession, 
     try:
         spec = SandboxSpec(workspace_host=ws, workspace_target=task.mount_dir, proxy_socket=session.socket_path,
                            ro_paths=host_toolchain_paths() + list(adapter.ro_paths()),
+                           hidden_paths=hidden_paths_with(task.private_folders()),
                            limits=SandboxLimits(**task.limits.sandbox_overrides()))
         if trace_network:  # DNS queries are then sent (to nobody) and show up, names included, in the trace
             (root / "resolv.conf").write_text("nameserver 127.0.0.1\n")

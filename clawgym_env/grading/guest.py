@@ -31,13 +31,13 @@ import posixpath
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from clawgym_env.errors import ClawGymError, SandboxError
 from clawgym_env.grading.guest_client import recv_message, send_message
 from clawgym_env.jsontypes import JSONObject
-from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend
+from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend, hidden_paths_with
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +65,14 @@ class GuestBroker:
 
     def __init__(self, *, socket_dir: Path, base: Path, mount: str, sandbox: str, limits: SandboxLimits,
                  deadline: float, max_runs: int = 32, work_dir: Path,
-                 copy_caps: Mapping[str, int | None] | None = None) -> None:
+                 copy_caps: Mapping[str, int | None] | None = None, hidden: Sequence[Path] = ()) -> None:
         self.socket_path = Path(socket_dir) / SOCKET_NAME
         self.base, self.mount, self.sandbox, self.limits = Path(base), mount, sandbox, limits
         self.deadline, self.max_runs, self.work_dir = deadline, max_runs, Path(work_dir)
         self.copy_caps = dict(copy_caps or {})
         """``max_bytes``/``max_entries`` for each guest's copy of ``base`` (the agent's own quotas)."""
+        self.hidden = hidden_paths_with(hidden)
+        """What every guest sandbox hides: the defaults and ``hidden`` (the task's own folders)."""
         self.runs = 0
         self.failure: str | None = None
         """Set when a guest sandbox could not be started (infrastructure, not the agent's doing)."""
@@ -167,7 +169,8 @@ class GuestBroker:
                 planted.unlink()
             elif planted.exists():
                 remove_tree(planted)
-            spec = SandboxSpec(workspace_host=ws, workspace_target=self.mount, limits=self.limits, hand_back=False)
+            spec = SandboxSpec(workspace_host=ws, workspace_target=self.mount, hidden_paths=list(self.hidden),
+                               limits=self.limits, hand_back=False)
             with get_backend(self.sandbox)(spec) as sb:
                 for rel, content in files.items():
                     sb.write_file(posixpath.join(self.mount, rel), content)

@@ -55,7 +55,7 @@ from clawgym_env.grading.inputs import restore_protected
 from clawgym_env.grading.reward_links import drop_links_into_reward
 from clawgym_env.grading.room import copy_failure, copy_limits, grader_room
 from clawgym_env.jsontypes import JSONObject
-from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend
+from clawgym_env.sandbox import SandboxLimits, SandboxSpec, get_backend, hidden_paths_with
 
 PAYLOAD_PATH = "/tmp/clawgym-reward-payload.json"
 GRADER_SITE_DIR = "/run/clawgym-grader"
@@ -225,12 +225,13 @@ def grade_workspace(task: Any, workspace: str | Path, *, final_message: str | No
                                         (reward_copy, f"{task.mount_dir}/reward", False)],
                            env={"OPENCLAW_REWARD_PAYLOAD": PAYLOAD_PATH, **HERMETIC_ENV,
                                 guest_client.SOCKET_ENV: f"{GRADER_SITE_DIR}/{SOCKET_NAME}"},
-                           limits=limits, hand_back=False)
+                           hidden_paths=hidden_paths_with(task.private_folders()), limits=limits, hand_back=False)
         budget = task.limits.reward_timeout_s
         lim = copy_limits(task)
         caps = {"max_bytes": lim["max_bytes"], "max_entries": lim["max_entries"]}
         with GuestBroker(socket_dir=site, base=ws, mount=task.mount_dir, sandbox=sandbox, limits=limits,
-                         deadline=time.monotonic() + budget, work_dir=tmp, copy_caps=caps) as broker, \
+                         deadline=time.monotonic() + budget, work_dir=tmp, copy_caps=caps,
+                         hidden=task.private_folders()) as broker, \
                 backend(spec) as sb:
             sb.write_file(PAYLOAD_PATH, json.dumps(build_payload(task, final_message, transcript)))
             res = sb.exec(["bash", f"{task.mount_dir}/reward/reward.sh"], cwd=task.mount_dir, timeout=budget)

@@ -11,6 +11,7 @@ from clawgym_env.sandbox.base import (
     Sandbox,
     SandboxLimits,
     SandboxSpec,
+    hidden_paths_with,
     host_toolchain_paths,
 )
 from clawgym_env.sandbox.deadline import AgentTimeout
@@ -33,4 +34,4 @@ def get_backend(name: str) -> type[Sandbox]:
 
 
 __all__ = ["AgentTimeout", "ExecResult", "PlaceFullError", "Sandbox", "SandboxLimits", "SandboxSpec",
-           "host_toolchain_paths", "get_backend", "sandboxes"]
+           "hidden_paths_with", "host_toolchain_paths", "get_backend", "sandboxes"]

@@ -33,7 +33,7 @@ import itertools
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlparse
 
@@ -276,6 +276,16 @@ def default_hidden_paths() -> list[Path]:
     """What :attr:`SandboxSpec.hidden_paths` holds unless told otherwise: :func:`own_package_paths` and
     :func:`plugin_data_paths`, each once."""
     return list(dict.fromkeys([*own_package_paths(), *plugin_data_paths()]))
+
+
+def hidden_paths_with(folders: Iterable[Path | str | None]) -> list[Path]:
+    """:func:`default_hidden_paths` plus ``folders`` (a task's own folders: its data, inputs, reward code,
+    its suite), each resolved and listed once. A folder that does not exist, or that would hide the toolchain
+    (``/``, a system folder or one above it, the interpreter's prefixes), is left out: what it holds is then
+    hidden only by the entries inside it (a task's own folder, when its suite folder is ``/opt``)."""
+    broad = _too_broad()
+    extra = [Path(p).resolve() for p in folders if p is not None]
+    return list(dict.fromkeys([*default_hidden_paths(), *(p for p in extra if p.is_dir() and p not in broad)]))
 
 
 def plugin_data_paths(path: Sequence[str] | None = None) -> list[Path]:
