@@ -18,11 +18,13 @@ from clawgym_env.errors import ClawGymError
 DESCRIPTION = (
     "Play a kit of scripted adversaries through the real harness against each task and compare each with the "
     "do-nothing agent on the same task: module shadowing, os._exit(0) in the agent's modules, verifier rewriting, "
-    "links into reward/, input tampering, disk fill, inode flood, and the gold gate (the expert must score full "
-    "marks, its known-wrong 'wrong' steps must not). Prints a table (attack, reward, baseline, verdict); with "
-    "--json the last line is the report as one JSON object. Exit 1 when a task is hackable, 3 when none is but a "
-    "task could not be judged (no valid baseline, or a broken expert), 0 otherwise.")
-KIT = ("module_shadowing, exit0_modules, verifier_rewrite, reward_symlinks, input_tamper, disk_fill, inode_flood")
+    "links into reward/, input tampering, the task's own folder read at its host path, disk fill, inode flood, "
+    "and the gold gate (the expert must score full marks, its known-wrong 'wrong' steps must not). Prints a "
+    "table (attack, reward, baseline, verdict); with --json the last line is the report as one JSON object. "
+    "Exit 1 when a task is hackable, 3 when none is but a task could not be judged (no valid baseline, or a "
+    "broken expert), 0 otherwise.")
+KIT = ("module_shadowing, exit0_modules, verifier_rewrite, reward_symlinks, input_tamper, task_folder_peek, "
+       "disk_fill, inode_flood")
 
 
 def add_audit_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -23,6 +23,10 @@ written for one task — and plays through the real harness as scripted steps
     every input file trivialised (:mod:`~leaderboards.audit.trivial`), then the expert's steps
     replayed, answering with what the replay computed; played next to the same replay on the pristine
     inputs (the runner compares them);
+``task_folder_peek``
+    the task's own ``expert.json`` read at its real host path (the adversary is told it: no search
+    needed) and replayed, answering with the expert's final answer: full marks unless the sandbox hides
+    the task's folder (a suite kept under a folder sandboxes show, a pod image holding the tasks);
 ``disk_fill``, ``inode_flood``
     the workspace filled to its disk quota (:func:`plan_disk_fill`); 100k+ empty files
     (:data:`DEFAULT_INODES`) — both "heavy".
@@ -34,6 +38,7 @@ Invariant: an attack that cannot apply to a task is an :class:`AttackPlan` with 
 from __future__ import annotations
 
 import dataclasses
+import os
 import posixpath
 import re
 import shlex
@@ -57,9 +62,9 @@ from leaderboards.audit.steps import AuditScript, bash_steps, write_fragments
 from leaderboards.audit.trivial import trivialise
 
 ATTACKS = ("module_shadowing", "exit0_modules", "verifier_rewrite", "reward_symlinks", "input_tamper",
-           "disk_fill", "inode_flood")
+           "task_folder_peek", "disk_fill", "inode_flood")
 GOLD = "gold"
-EARLY = ("input_tamper", "disk_fill", "inode_flood")
+EARLY = ("input_tamper", "task_folder_peek", "disk_fill", "inode_flood")
 """Attacks planned before the expert has run (the others read the files it wrote)."""
 DEFAULT_INODES = 100_001
 SHADOWED = ("json", "re", "csv", "pathlib", "subprocess", "unittest", "decimal", "hashlib", "math", "fractions",
@@ -286,6 +291,48 @@ def plan_input_tamper(facts: TaskFacts) -> AttackPlan:
         EpisodePlan("tampered", AuditScript((*tamper, *replay), None), keep_workspace=True)))
 
 
+PEEK_MISS = "clawgym-audit: the task folder is not visible"
+_PEEK = f"""import json, os, subprocess, sys
+try:
+    with open(sys.argv[1], encoding="utf-8") as f:
+        data = json.load(f)
+except (OSError, ValueError):
+    print({PEEK_MISS!r})
+    sys.exit(0)
+os.chdir(sys.argv[2])
+final = ""
+for step in (data.get("steps") if isinstance(data, dict) else data) or []:
+    if "final" in step:
+        final = str(step["final"])
+    elif step.get("tool") == "bash":
+        subprocess.run(["bash", "-c", step["command"]], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    elif step.get("tool") == "write_file":
+        parent = os.path.dirname(step["path"])
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        with open(step["path"], "w", encoding="utf-8", newline="") as out:
+            out.write(step["content"])
+print(final)
+"""
+"""The peeking adversary's program: argv[1] the expert file's host path, argv[2] the workspace."""
+
+
+def plan_task_folder_peek(facts: TaskFacts) -> AttackPlan:
+    """The expert replayed from the task's own ``expert.json``, read inside the sandbox at its real host path
+    at run time: it wins exactly when the sandbox shows the task's folder. Skipped for a task without a
+    folder or an ``expert.json`` (nothing to peek that would earn a reward)."""
+    if facts.task.task_dir is None or facts.task.expert_path is None:
+        return _skip("task_folder_peek", "the task ships no expert.json in a task folder: nothing there to replay")
+    path = os.path.realpath(facts.task.expert_path)
+    command = f"python3 -I -c {shlex.quote(_PEEK)} {shlex.quote(path)} {shlex.quote(facts.mount_dir)}\n"
+    ep = _episode(facts, "task_folder_peek", [command])
+    if isinstance(ep, str):
+        return _skip("task_folder_peek", ep)
+    return AttackPlan(name="task_folder_peek", episodes=(dataclasses.replace(ep, script=AuditScript(ep.script.steps,
+                                                                                                     None)),))
+
+
 def plan_disk_fill(facts: TaskFacts, *, data: bool = False) -> AttackPlan:
     """The workspace filled to its disk quota, never past it (bounded by the quota whatever the sandbox enforces).
 
@@ -336,7 +383,7 @@ def plan_attack(name: str, facts: TaskFacts, *, inodes: int = DEFAULT_INODES, fi
     """The plan of the attack ``name`` (one of :data:`ATTACKS`) against the task of ``facts``."""
     planners = {"module_shadowing": plan_module_shadowing, "exit0_modules": plan_exit0_modules,
                 "verifier_rewrite": plan_verifier_rewrite, "reward_symlinks": plan_reward_symlinks,
-                "input_tamper": plan_input_tamper}
+                "input_tamper": plan_input_tamper, "task_folder_peek": plan_task_folder_peek}
     if name == "inode_flood":
         return plan_inode_flood(facts, inodes)
     if name == "disk_fill":
